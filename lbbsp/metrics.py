@@ -1,0 +1,42 @@
+"""Balance metrics of synchronous steps (numpy only): efficiency, straggler level, idle fraction."""
+import numpy as np
+
+__all__ = ["balanced_time", "step_efficiency", "straggler_level", "idle_fraction", "summarize_steps"]
+
+
+def balanced_time(batches, compute):
+    """T* = B / sum_i v_i with v_i = b_i / t_i: the compute time of a perfectly balanced step."""
+    batches = np.asarray(batches, dtype=np.float64)
+    compute = np.asarray(compute, dtype=np.float64)
+    return float(batches.sum() / np.sum(batches / compute))
+
+
+def step_efficiency(batches, compute):
+    """eta = T* / max_i t_i (1.0 when every worker finishes together)."""
+    return balanced_time(batches, compute) / float(np.max(compute))
+
+
+def straggler_level(compute):
+    """(max_i t_i - min_i t_i) / mean_i t_i."""
+    compute = np.asarray(compute, dtype=np.float64)
+    return float((compute.max() - compute.min()) / compute.mean())
+
+
+def idle_fraction(wait, wall):
+    """sum of wait / sum of wall time."""
+    wall_total = float(np.sum(wall))
+    return float(np.sum(wait) / wall_total) if wall_total > 0 else 0.0
+
+
+def summarize_steps(batches, compute):
+    """Epoch-level eta (sum of T* over sum of T) and mean straggler level from per-step arrays of shape (steps, N)."""
+    batches = np.atleast_2d(np.asarray(batches, dtype=np.float64))
+    compute = np.atleast_2d(np.asarray(compute, dtype=np.float64))
+    ok = np.all(np.isfinite(compute) & (compute > 0), axis=1)
+    if not ok.any():
+        return {"efficiency": float("nan"), "straggler": float("nan")}
+    b, t = batches[ok], compute[ok]
+    ideal = b.sum(axis=1) / np.sum(b / t, axis=1)
+    actual = t.max(axis=1)
+    straggler = (t.max(axis=1) - t.min(axis=1)) / t.mean(axis=1)
+    return {"efficiency": float(ideal.sum() / actual.sum()), "straggler": float(straggler.mean())}

@@ -1,0 +1,257 @@
+"""Batch-size policies: how the next step's per-worker batch sizes follow from what was measured.
+
+A policy is framework-free and deterministic: the callback (on every rank)
+and the simulator feed it the same gathered per-worker numbers, a
+`StepStats`, and it answers with integer batch sizes that sum to the
+global batch. Every rank therefore reaches the same decision.
+"""
+import dataclasses
+
+import numpy as np
+
+from .allocation import Rebalancer, allocate, sanitize_speeds, validate_bounds
+
+__all__ = [
+    "StepStats",
+    "Policy",
+    "EqualPolicy",
+    "FixedPolicy",
+    "StaticPolicy",
+    "DBSPolicy",
+    "PIDPolicy",
+    "LBBSPPolicy",
+    "OraclePolicy",
+    "POLICIES",
+    "make_policy",
+]
+
+
+@dataclasses.dataclass
+class StepStats:
+    """What every worker measured in one step, gathered from all ranks (arrays of length N)."""
+
+    step: int
+    batches: np.ndarray
+    compute: np.ndarray
+    wait: np.ndarray
+    forecast: np.ndarray
+    #: Benchmarks and the simulator only: each worker's true speed in the *next* step.
+    true_speed: np.ndarray = None
+
+    @property
+    def speed(self):
+        """Measured speed b_i / compute_i (NaN where compute is not positive)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.compute > 0, self.batches / self.compute, np.nan)
+
+
+class Policy:
+    """Base class: equal batches until a subclass decides otherwise."""
+
+    name = "base"
+    #: True when the policy needs per-rank speed forecasts (the callback then runs a predictor).
+    uses_forecast = False
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        """Reset for a new training run; return the batches of the first step."""
+        validate_bounds(num_workers, global_batch, b_min, b_max)
+        self.num_workers, self.b_min, self.b_max = int(num_workers), int(b_min), b_max
+        self.batches = allocate(np.ones(num_workers), global_batch, b_min, b_max)
+        return self.batches.copy()
+
+    def resize(self, global_batch):
+        """Keep the current shares but for a step whose global batch differs (end of an epoch)."""
+        if int(global_batch) != int(self.batches.sum()):
+            return allocate(self.batches.astype(np.float64), global_batch, self.b_min, self.b_max)
+        return self.batches.copy()
+
+    def after_step(self, stats, next_global_batch):
+        """Batches for the next step, given the step that just ended."""
+        return self.resize(next_global_batch)
+
+    def after_epoch(self, next_global_batch):
+        """Batches for the first step of the next epoch."""
+        return self.resize(next_global_batch)
+
+
+class EqualPolicy(Policy):
+    """Plain Horovod BSP: b_i = B / N (largest remainder when B is not a multiple of N)."""
+
+    name = "equal"
+
+
+class FixedPolicy(Policy):
+    """Batches proportional to fixed per-worker shares known in advance (e.g. the GPUs' relative speeds)."""
+
+    name = "fixed"
+
+    def __init__(self, shares):
+        shares = np.asarray(shares, dtype=np.float64).reshape(-1)
+        if shares.size == 0 or not np.all(np.isfinite(shares) & (shares > 0)):
+            raise ValueError(f"shares={shares.tolist()!r} is not allowed: give one positive number per worker")
+        self.shares = shares
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        if self.shares.size != num_workers:
+            raise ValueError(
+                f"shares={self.shares.tolist()!r} is not allowed with {num_workers} workers: give {num_workers} shares"
+            )
+        super().start(num_workers, global_batch, b_min, b_max)
+        self.batches = allocate(self.shares, global_batch, b_min, b_max)
+        return self.batches.copy()
+
+
+class StaticPolicy(Policy):
+    """Profile once at the start (mean speed over `profile_steps` steps), then keep that allocation."""
+
+    name = "static"
+
+    def __init__(self, profile_steps=5):
+        if not isinstance(profile_steps, int) or profile_steps < 1:
+            raise ValueError(f"profile_steps={profile_steps!r} is not allowed: it must be an integer >= 1")
+        self.profile_steps = profile_steps
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        self._samples = []
+        self._fixed = False
+        return super().start(num_workers, global_batch, b_min, b_max)
+
+    def after_step(self, stats, next_global_batch):
+        if not self._fixed:
+            self._samples.append(stats.speed)
+            if len(self._samples) >= self.profile_steps:
+                speeds = np.nanmean(np.vstack(self._samples), axis=0)
+                self.batches = allocate(sanitize_speeds(speeds), int(self.batches.sum()), self.b_min, self.b_max)
+                self._fixed = True
+        return self.resize(next_global_batch)
+
+
+class DBSPolicy(Policy):
+    """DBS: once per epoch, shares p_i <- (p_i / t_i) / sum_j (p_j / t_j) from the epoch's pure compute time."""
+
+    name = "dbs"
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max)
+        self._shares = batches / batches.sum()
+        self._compute = np.zeros(num_workers)
+        self._samples = np.zeros(num_workers)
+        self._global = int(global_batch)
+        return batches
+
+    def after_step(self, stats, next_global_batch):
+        self._compute += np.nan_to_num(stats.compute, nan=0.0)
+        self._samples += stats.batches
+        return self.resize(next_global_batch)
+
+    def after_epoch(self, next_global_batch):
+        if (self._compute > 0).all():
+            # Per-sample time of each worker over the epoch; dividing p_i by it gives the new share.
+            per_sample = self._compute / np.maximum(self._samples, 1)
+            raw = self._shares / per_sample
+            self._shares = raw / raw.sum()
+            self.batches = allocate(self._shares, self._global, self.b_min, self.b_max)
+        self._compute[:] = 0.0
+        self._samples[:] = 0.0
+        return self.resize(next_global_batch)
+
+
+class PIDPolicy(Policy):
+    """Dynamic batching with a PID controller on the compute-time imbalance, with a deadband.
+
+    The error of worker i is e_i = log(t_mean / t_i); its batch is multiplied by
+    exp(kp*e_i + ki*sum(e_i) + kd*delta(e_i)), then renormalised to the global
+    batch and clamped to the bounds. With kp=1 and ki=kd=0 this is the
+    literature's b_i <- b_i * t_mean / t_i. The update is applied only when some
+    worker's relative change exceeds `deadband` (0.2 in the original code).
+    """
+
+    name = "pid"
+
+    def __init__(self, kp=1.0, ki=0.0, kd=0.0, deadband=0.2, every=1):
+        for name, value in (("kp", kp), ("ki", ki), ("kd", kd)):
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name}={value!r} is not allowed: it must be a number >= 0")
+        if not isinstance(deadband, (int, float)) or not 0 <= deadband < 1:
+            raise ValueError(f"deadband={deadband!r} is not allowed: it must be a number in [0, 1)")
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every={every!r} is not allowed: it must be an integer >= 1")
+        self.kp, self.ki, self.kd, self.deadband, self.every = kp, ki, kd, deadband, every
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max)
+        self._integral = np.zeros(num_workers)
+        self._last_error = np.zeros(num_workers)
+        self._window = []
+        self._global = int(global_batch)
+        return batches
+
+    def after_step(self, stats, next_global_batch):
+        self._window.append(np.asarray(stats.compute, dtype=np.float64))
+        if len(self._window) >= self.every:
+            times = np.nanmean(np.vstack(self._window), axis=0)
+            self._window = []
+            if np.isfinite(times).all() and (times > 0).all():
+                error = np.log(times.mean() / times)
+                self._integral += error
+                gain = self.kp * error + self.ki * self._integral + self.kd * (error - self._last_error)
+                self._last_error = error
+                proposal = allocate(self.batches * np.exp(gain), self._global, self.b_min, self.b_max)
+                change = np.abs(proposal - self.batches) / self.batches
+                if change.max() > self.deadband:
+                    self.batches = proposal
+        return self.resize(next_global_batch)
+
+
+class LBBSPPolicy(Policy):
+    """LB-BSP: batches proportional to each worker's forecast speed, with hysteresis and damping."""
+
+    name = "lbbsp"
+    uses_forecast = True
+
+    def __init__(self, min_gain=0.02, min_step=0.125):
+        self.min_gain, self.min_step = min_gain, min_step
+        Rebalancer(1, 1, min_gain=min_gain, min_step=min_step)  # validates the arguments now
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max)
+        self._rebalancer = Rebalancer(num_workers, global_batch, b_min, b_max, self.min_gain, self.min_step)
+        return batches
+
+    def _speeds(self, stats):
+        return stats.forecast
+
+    def after_step(self, stats, next_global_batch):
+        self.batches = self._rebalancer.update(self._speeds(stats), next_global_batch)
+        return self.batches.copy()
+
+    def after_epoch(self, next_global_batch):
+        self.batches = self._rebalancer.batches
+        return self.resize(next_global_batch)
+
+
+class OraclePolicy(LBBSPPolicy):
+    """Knows the true speed of the next step (benchmarks and simulator only): the upper bound."""
+
+    name = "oracle"
+    uses_forecast = False
+
+    def __init__(self):
+        super().__init__(min_gain=0.0, min_step=1.0)
+
+    def _speeds(self, stats):
+        if stats.true_speed is None:
+            raise ValueError("policy 'oracle' needs the true speeds, which only benchmarks and the simulator know")
+        return stats.true_speed
+
+
+POLICIES = {cls.name: cls for cls in (EqualPolicy, StaticPolicy, DBSPolicy, PIDPolicy, LBBSPPolicy, OraclePolicy)}
+
+
+def make_policy(policy):
+    """A Policy from an instance or a name in POLICIES."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str) and policy in POLICIES:
+        return POLICIES[policy]()
+    raise ValueError(f"policy={policy!r} is not allowed: give a Policy or one of {sorted(POLICIES)}")

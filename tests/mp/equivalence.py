@@ -1,0 +1,63 @@
+"""Run under horovodrun: with forced unequal batches, lbbsp's weights equal single-process SGD on the same global batches.
+
+Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13)
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+from _common import init_worker
+
+hvd, tf = init_worker()
+import lbbsp.keras as lb  # noqa: E402
+from lbbsp.policies import FixedPolicy  # noqa: E402
+
+out_path, shares = sys.argv[1], [float(s) for s in sys.argv[2].split(",")]
+N, B, EPOCHS, LR = 50, 16, 2, 0.05
+rng = np.random.default_rng(0)
+x = rng.normal(size=(N, 5)).astype(np.float32)
+y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(N, 1))).astype(np.float32)
+
+
+def build():
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(5,)),
+                                 tf.keras.layers.Dense(1)])
+    return model
+
+
+model = build()
+model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9)), loss="mse",
+              metrics=["mae"])
+feed = lb.BalancedFeed(x, y, global_batch=B, seed=7)
+balancer = lb.LoadBalancer(feed, policy=FixedPolicy(shares), warmup_steps=0)
+hist = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
+                 callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer])
+
+if hvd.rank() == 0:
+    # The same global batches on one machine, through plain Keras.
+    ref = build()
+    ref.compile(optimizer=tf.keras.optimizers.SGD(LR, momentum=0.9), loss="mse", metrics=["mae"])
+    losses = []
+    for epoch in range(EPOCHS):
+        ref.reset_metrics()
+        order = np.concatenate([feed.indices(epoch, t, [int(feed.schedule[t])], rank=0)
+                                for t in range(feed.steps_per_epoch)])
+        for t in range(feed.steps_per_epoch):
+            lo = int(feed.offsets[t])
+            idx = order[lo:lo + int(feed.schedule[t])]
+            res = ref.train_on_batch(x[idx], y[idx], reset_metrics=False, return_dict=True)
+        losses.append(res)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), ref.get_weights()))
+    result = {
+        "max_weight_diff": diff,
+        "batches": sorted({r["batch"] for r in balancer.history}),
+        "schedule": feed.schedule.tolist(),
+        "lbbsp_loss": hist.history["loss"], "ref_loss": [r["loss"] for r in losses],
+        "lbbsp_mae": hist.history["mae"], "ref_mae": [r["mae"] for r in losses],
+        "size": hvd.size(),
+    }
+    with open(out_path, "w") as fh:
+        json.dump(result, fh)
