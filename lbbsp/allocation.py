@@ -61,15 +61,14 @@ def sanitize_speeds(speeds):
 
     If no entry is valid every worker gets speed 1.0, which yields equal batches.
     """
-    v = np.asarray(speeds, dtype=np.float64).reshape(-1)
+    v = np.array(speeds, dtype=np.float64).reshape(-1)
     valid = np.isfinite(v) & (v > 0)
     if valid.all():
-        return v.copy()
+        return v
     if not valid.any():
         return np.ones_like(v)
-    out = v.copy()
-    out[~valid] = np.median(v[valid])
-    return out
+    v[~valid] = np.median(v[valid])
+    return v
 
 
 def proportional_shares(weights, total, lower, upper):
@@ -79,13 +78,16 @@ def proportional_shares(weights, total, lower, upper):
     to it and the rest is shared again among the others, until nothing moves.
     """
     w = sanitize_speeds(weights)
+    share = total * (w / w.sum())
+    if np.all(share >= lower) and np.all(share <= upper):
+        return share
     n = w.size
     lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,))
     upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,))
     x = np.zeros(n)
     free = np.ones(n, dtype=bool)
     remaining = float(total)
-    for _ in range(2 * n + 1):
+    for _ in range(n + 1):
         share = np.zeros(n)
         share[free] = remaining * w[free] / w[free].sum()
         over = free & (share > upper)
@@ -107,6 +109,23 @@ def proportional_shares(weights, total, lower, upper):
     raise RuntimeError("proportional_shares did not converge")  # unreachable: each pass pins a worker
 
 
+def _round(x, global_batch, b_min, upper):
+    """Integer batches from real shares: floor, then largest remainder (ties to the lower index)."""
+    base = np.clip(np.floor(x + 1e-9).astype(np.int64), b_min, upper)
+    left = global_batch - int(base.sum())
+    if left == 0:
+        return base
+    frac = x - base
+    if left > 0:
+        order = np.argsort(-frac, kind="stable")
+        order = order[(upper - base)[order] > 0]
+    else:
+        order = np.argsort(frac, kind="stable")
+        order = order[(base - b_min)[order] > 0]
+    base[order[:abs(left)]] += 1 if left > 0 else -1
+    return base
+
+
 def allocate(speeds, global_batch, b_min=1, b_max=None):
     """Integer batch sizes b_i proportional to speeds with sum(b) == global_batch and bounds respected.
 
@@ -115,20 +134,7 @@ def allocate(speeds, global_batch, b_min=1, b_max=None):
     """
     speeds = np.asarray(speeds, dtype=np.float64).reshape(-1)
     global_batch, b_min, upper = validate_bounds(speeds.size, global_batch, b_min, b_max)
-    x = proportional_shares(speeds, global_batch, b_min, upper)
-    base = np.floor(x + 1e-9).astype(np.int64)
-    base = np.clip(base, b_min, upper)
-    left = global_batch - int(base.sum())
-    if left != 0:
-        frac = x - base
-        room = (upper - base) if left > 0 else (base - b_min)
-        # Stable sort on -frac keeps index order for ties: deterministic on every rank.
-        order = np.argsort(-frac if left > 0 else frac, kind="stable")
-        order = [i for i in order if room[i] > 0]
-        step = 1 if left > 0 else -1
-        for i in order[: abs(left)]:
-            base[i] += step
-    return base
+    return _round(proportional_shares(speeds, global_batch, b_min, upper), global_batch, b_min, upper)
 
 
 def predicted_step_time(batches, speeds):
@@ -144,7 +150,8 @@ class Rebalancer:
     than `min_gain` (relative). Each worker's step size halves every time its
     adjustment reverses direction (down to `min_step`) and resets to 1 after a
     move in the same direction, which stops oscillation around the balance
-    point under noisy forecasts. State depends only on the inputs, so ranks
+    point under noisy forecasts; when the damped step would not improve the
+    step time, the undamped target is taken. State depends only on the inputs, so ranks
     that feed it the same gathered speeds stay in lockstep.
     """
 
@@ -161,11 +168,15 @@ class Rebalancer:
         self.min_step = float(min_step)
         self.reset(global_batch)
 
+    def _allocate(self, weights):
+        return _round(proportional_shares(weights, self.global_batch, self.b_min, self._upper),
+                      self.global_batch, self.b_min, self._upper)
+
     def reset(self, global_batch, batches=None):
         """Start again from equal batches (or `batches`) with undamped steps."""
-        self.global_batch = int(global_batch)
+        self.global_batch, _, self._upper = validate_bounds(self.num_workers, global_batch, self.b_min, self.b_max)
         if batches is None:
-            batches = allocate(np.ones(self.num_workers), self.global_batch, self.b_min, self.b_max)
+            batches = self._allocate(np.ones(self.num_workers))
         self.batches = np.asarray(batches, dtype=np.int64).copy()
         self._step = np.ones(self.num_workers)
         self._last_dir = np.zeros(self.num_workers, dtype=np.int64)
@@ -174,10 +185,11 @@ class Rebalancer:
         """Return the batch sizes for the next step given predicted speeds (and that step's global batch)."""
         if global_batch is not None and int(global_batch) != int(self.batches.sum()):
             # The global batch changes (end of epoch): rescale the current shares, no hysteresis.
-            self.global_batch = int(global_batch)
-            self.batches = allocate(self.batches.astype(np.float64), self.global_batch, self.b_min, self.b_max)
+            self.global_batch, _, self._upper = validate_bounds(self.num_workers, global_batch, self.b_min,
+                                                                self.b_max)
+            self.batches = self._allocate(self.batches.astype(np.float64))
         speeds = sanitize_speeds(speeds)
-        target = allocate(speeds, self.global_batch, self.b_min, self.b_max)
+        target = self._allocate(speeds)
         now = predicted_step_time(self.batches, speeds)
         best = predicted_step_time(target, speeds)
         if now <= 0 or (now - best) / now <= self.min_gain:
@@ -189,9 +201,11 @@ class Rebalancer:
         self._step[reversed_] = np.maximum(self._step[reversed_] / 2.0, self.min_step)
         self._step[same] = 1.0
         blended = self.batches + self._step * delta
-        proposal = allocate(blended, self.global_batch, self.b_min, self.b_max)
+        proposal = self._allocate(blended)
         if predicted_step_time(proposal, speeds) >= now:
-            return self.batches.copy()
+            # Damped steps too small to move a whole sample: take the (better) target undamped.
+            proposal = target
+            self._step[:] = 1.0
         moved = np.sign(proposal - self.batches).astype(np.int64)
         self._last_dir = np.where(moved != 0, moved, self._last_dir)
         self.batches = proposal

@@ -73,11 +73,13 @@ class BalancedFeed:
 
     Construct with arrays (`BalancedFeed(x, y, global_batch=256)`) or with an
     index function (`BalancedFeed.from_function(fn, num_samples, global_batch=256)`).
-    Before training, `bind(rank, size)` is called by the callback.
+    `rank` and `size` fix the worker and the number of workers, on which the
+    number of steps per epoch depends (lbbsp.keras.BalancedFeed takes them
+    from Horovod).
     """
 
     def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True,
-                 drop_remainder=False, b_min=1, b_max=None, _source=None):
+                 drop_remainder=False, b_min=1, b_max=None, rank=0, size=1, _source=None):
         self.source = _source if _source is not None else ArraySource(x, y, sample_weight)
         n = self.source.num_samples
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -89,9 +91,8 @@ class BalancedFeed:
         self.global_batch = int(global_batch)
         self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
         self.b_min, self.b_max = int(b_min), b_max
-        self.rank, self.size = 0, 1
         self._lock = threading.Lock()
-        self.bind(0, 1)
+        self.bind(rank, size)
 
     @classmethod
     def from_function(cls, fn, num_samples, *, global_batch, **kwargs):
@@ -100,13 +101,15 @@ class BalancedFeed:
 
     def bind(self, rank, size):
         """Fix this worker's rank and the number of workers; recompute the epoch schedule."""
-        if not (0 <= rank < size):
-            raise ValueError(f"rank={rank!r} is not allowed with size={size!r}: it must be in [0, size)")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"size={size!r} is not allowed: it must be an integer >= 1")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
+            raise ValueError(f"rank={rank!r} is not allowed with size={size}: it must be an integer in [0, size)")
         self.schedule = global_batch_schedule(self.num_samples, self.global_batch, size, self.b_min,
                                               self.drop_remainder)
         largest = int(self.schedule.max())
         _, _, upper = validate_bounds(size, self.global_batch, self.b_min, self.b_max)
-        if largest > int(upper.sum()):
+        if self.b_max is not None and largest > int(upper.sum()):
             raise ValueError(
                 f"b_max={self.b_max!r} is not allowed: the last step of an epoch holds {largest} samples "
                 f"and the {size} workers can take at most {int(upper.sum())}; raise b_max or pass drop_remainder=True"

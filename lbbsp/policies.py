@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from .allocation import Rebalancer, allocate, sanitize_speeds, validate_bounds
+from .metrics import step_efficiency
 
 __all__ = [
     "StepStats",
@@ -43,6 +44,13 @@ class StepStats:
         """Measured speed b_i / compute_i (NaN where compute is not positive)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.compute > 0, self.batches / self.compute, np.nan)
+
+    @property
+    def efficiency(self):
+        """eta = T* / max_i t_i of this step (NaN when a compute time is missing)."""
+        if not np.all(np.isfinite(self.compute) & (self.compute > 0)):
+            return float("nan")
+        return step_efficiency(self.batches, self.compute)
 
 
 class Policy:

@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from ..controller import BalanceController
 from ..feed import BalancedFeed
-from ..metrics import step_efficiency
 from .global_metrics import global_metric_results
 from .optimizer import ROW_FIELDS, is_balanced_optimizer
 
@@ -108,33 +107,41 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if (wants_features or self.csv_path) and self._telemetry is None:
             from predictor.telemetry import Telemetry
             self._telemetry = Telemetry()
-        self._state.outbox.assign(np.full(self._state.outbox.shape, np.nan))
+        self._state.outbox[:] = np.nan
         self._epoch = 0
         self._train_metrics = {}
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._train_metrics = {}
+        # Work between epochs (validation, checkpoints) is not part of any step's busy time.
+        self._state.restart_clock()
 
     def on_train_batch_begin(self, batch, logs=None):
         started = time.perf_counter()
-        self.feed.plan(self._epoch, batch, self._batches)
-        self._state.scale.assign(self._batches[self.rank] / float(self.feed.schedule[batch]))
         self._t_begin = time.time()
-        self._state.begin.assign(self._t_begin)
+        self.feed.plan(self._epoch, batch, self._batches)
+        self._state.set_scale(self._batches[self.rank] / float(self.feed.schedule[batch]))
+        self._steps_before = self._state.steps
         self._overhead = time.perf_counter() - started
 
     def on_train_batch_end(self, batch, logs=None):
         t_end = time.time()
         started = time.perf_counter()
+        state = self._state
         local = int(self._batches[self.rank])
         if self.feed.served != (self._epoch, batch, local):
             raise RuntimeError(
                 f"lbbsp: step {batch} of epoch {self._epoch} should have read {local} samples but the feed served "
                 f"{self.feed.served}; the dataset was prefetched or wrapped (pass feed.dataset() to fit unchanged)"
             )
-        ready, done = self._state.times.numpy()
-        compute, wait = ready - self._t_begin, done - ready
+        if state.steps != self._steps_before + 1:
+            raise RuntimeError(
+                "lbbsp: the train step did not go through lbbsp.keras.DistributedOptimizer's gradients "
+                "(a custom train_step must call optimizer.minimize or optimizer.compute_gradients)"
+            )
+        compute = float(state.gathered[self.rank, ROW_FIELDS.index("compute")])
+        wait = state.done - state.ready
         speed = local / compute if compute > 0 else float("nan")
         features = self._telemetry.sample() if self._telemetry is not None else None
         forecast = self.controller.forecast(speed, features)
@@ -142,22 +149,19 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             row = tf.constant([[forecast, wait, compute]], dtype=tf.float64)
             gathered = hvd.allgather(row, name="lbbsp_eager_stats").numpy()
         else:
-            gathered = self._state.inbox.numpy()
+            gathered = state.gathered
         true = self.true_speed_fn(self._epoch, batch + 1) if self.true_speed_fn else None
         current = self._batches
         self._batches, stats = self.controller.decide(self._epoch, batch, gathered, true)
-        self._state.outbox.assign([forecast, wait])
-        last = batch + 1 >= self.feed.steps_per_epoch
-        if last and self.sync_metrics:
+        state.outbox[:] = (forecast, wait)
+        if batch + 1 >= self.feed.steps_per_epoch and self.sync_metrics:
             self._train_metrics = global_metric_results(self.model)
-        compute_all = gathered[:, ROW_FIELDS.index("compute")]
-        efficiency = step_efficiency(current, compute_all) if np.all(compute_all > 0) else float("nan")
         overhead = self._overhead + time.perf_counter() - started
         self.controller.record(
             time=t_end, epoch=self._epoch, step=batch, rank=self.rank, global_batch=int(current.sum()),
             batch=local, compute=compute, wait=wait, step_time=t_end - self._t_begin, speed=speed,
-            forecast=forecast, next_batch=int(self._batches[self.rank]), efficiency=efficiency, overhead=overhead,
-            features=features,
+            forecast=forecast, next_batch=int(self._batches[self.rank]), efficiency=stats.efficiency,
+            overhead=overhead, features=features,
         )
         if logs is not None:
             logs.update(lbbsp_batch=local, lbbsp_speed=speed, lbbsp_forecast=forecast,

@@ -5,6 +5,7 @@ function once for all batch sizes. The generator runs inside the train step
 (no prefetch, no autotuned buffering), so it reads the plan the callback
 made for that very step.
 """
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
@@ -20,7 +21,15 @@ def _spec(leaf):
 
 
 class BalancedFeed(_CoreFeed):
-    """lbbsp.feed.BalancedFeed with `dataset()`: the tf.data.Dataset to pass to `model.fit`."""
+    """lbbsp.feed.BalancedFeed bound to this Horovod rank, with `dataset()` for `model.fit`.
+
+    Call `hvd.init()` first.
+    """
+
+    def __init__(self, x, y=None, *, global_batch, **kwargs):
+        kwargs.setdefault("rank", hvd.rank())
+        kwargs.setdefault("size", hvd.size())
+        super().__init__(x, y, global_batch=global_batch, **kwargs)
 
     def dataset(self):
         """An endless dataset of this worker's batches; use with `steps_per_epoch=feed.steps_per_epoch`."""

@@ -1,0 +1,83 @@
+"""Run under horovodrun -np 2: rank 1 slowed for real; lbbsp must shrink its batch and beat equal batches.
+
+Rank 1 runs under a cgroup CPU quota (0.3 cores) where cgroups are writable,
+else next to a busy process pinned to its core. Both policies train in the
+same run, one after the other; epoch times exclude the first (warm-up) epoch.
+Usage: horovodrun -np 2 python tests/mp/slowed.py OUT_JSON [POLICY] [EXCHANGE]
+"""
+import contextlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from _common import init_worker
+
+hvd, tf = init_worker()
+import lbbsp.keras as lb  # noqa: E402
+from horovod.tensorflow import allgather_object  # noqa: E402
+from lbbsp.contention import CpuHog, CpuQuota, cgroups_writable, pin_to_cores  # noqa: E402
+
+out_path = sys.argv[1]
+policy = sys.argv[2] if len(sys.argv) > 2 else "lbbsp"
+exchange = sys.argv[3] if len(sys.argv) > 3 else "fused"
+rank, size = hvd.rank(), hvd.size()
+cores = sorted(os.sched_getaffinity(0))
+pin_to_cores([cores[rank % len(cores)]])
+use_quota = cgroups_writable()
+hvd.allreduce(tf.constant(0.0), name="barrier_setup")
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(4096, 64)).astype(np.float32)
+y = rng.integers(0, 10, size=4096)
+
+
+class EpochTimer(tf.keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.times = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._t = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times.append(time.perf_counter() - self._t)
+
+
+def run(policy_name):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(512, activation="relu", input_shape=(64,)),
+                                 tf.keras.layers.Dense(512, activation="relu"),
+                                 tf.keras.layers.Dense(10)])
+    model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    feed = lb.BalancedFeed(x, y, global_batch=256, seed=1)
+    balancer = lb.LoadBalancer(feed, policy=policy_name, predictor="ema", exchange=exchange,
+                               csv_path=os.environ.get("LBBSP_TEST_CSV", "").format(policy=policy_name) or None)
+    timer = EpochTimer()
+    model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=4, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, timer])
+    tail = [r for r in balancer.history if r["epoch"] >= 2]
+    return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch"] for r in tail])),
+            "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history]))}
+
+
+if rank == 1:
+    slow = CpuQuota(0.3, pids=[os.getpid()]) if use_quota else CpuHog([cores[rank % len(cores)]])
+else:
+    slow = contextlib.nullcontext()
+with slow if rank == 1 and use_quota else contextlib.nullcontext():
+    if rank == 1 and not use_quota:
+        slow.start()
+    try:
+        result = {"equal": run("equal"), policy: run(policy)}
+    finally:
+        if rank == 1 and not use_quota:
+            slow.stop()
+
+gathered = allgather_object(result)
+if rank == 0:
+    with open(out_path, "w") as fh:
+        json.dump({"slowdown": "cgroup quota 0.3 cores" if use_quota else "co-located CPU hog",
+                   "policy": policy, "exchange": exchange, "ranks": gathered}, fh)

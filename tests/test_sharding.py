@@ -1,0 +1,97 @@
+"""Exactly-once coverage of an epoch under random batch-size schedules, on 1, 2 and 3 ranks."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lbbsp.allocation import allocate
+from lbbsp.feed import BalancedFeed
+from lbbsp.sharding import epoch_permutation, global_batch_schedule
+
+
+@given(n=st.integers(1, 400), size=st.sampled_from([1, 2, 3]), batch=st.integers(1, 64),
+       seed=st.integers(0, 2**31), epoch=st.integers(0, 5), b_min=st.integers(1, 3))
+@settings(max_examples=300, deadline=None)
+def test_every_sample_exactly_once_per_epoch(n, size, batch, seed, epoch, b_min):
+    batch = max(batch, size * b_min)
+    if n < size * b_min:
+        with pytest.raises(ValueError, match=f"num_samples={n}"):
+            global_batch_schedule(n, batch, size, b_min)
+        return
+    feeds = [BalancedFeed(np.arange(n), np.arange(n) * 10, global_batch=batch, seed=seed, b_min=b_min,
+                          rank=rank, size=size) for rank in range(size)]
+    rng = np.random.default_rng(seed)
+    seen = []
+    for step in range(feeds[0].steps_per_epoch):
+        batches = allocate(rng.uniform(0.01, 1.0, size), int(feeds[0].schedule[step]), b_min)
+        for feed in feeds:
+            feed.plan(epoch, step, batches)
+            x, y = feed.next_batch()
+            assert len(x) == batches[feed.rank] and np.array_equal(y, x * 10)
+            assert feed.served == (epoch, step, len(x))
+            seen.append(x)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(n))
+
+
+@pytest.mark.parametrize("n, batch, size, expected", [
+    (50, 16, 2, [16, 16, 16, 2]),
+    (49, 16, 2, [16, 16, 15, 2]),   # a remainder of 1 borrows from the step before
+    (49, 16, 3, [16, 16, 14, 3]),
+    (7, 4, 3, [4, 3]),
+    (5, 4, 3, [5]),                 # too few to split in two: merged
+    (64, 16, 4, [16, 16, 16, 16]),
+])
+def test_schedule_shapes(n, batch, size, expected):
+    schedule = global_batch_schedule(n, batch, size)
+    assert schedule.tolist() == expected and schedule.sum() == n
+
+
+def test_drop_remainder_skips_the_partial_step():
+    assert global_batch_schedule(50, 16, 2, drop_remainder=True).tolist() == [16, 16, 16]
+
+
+def test_permutation_same_on_every_rank_and_new_each_epoch():
+    a, b = epoch_permutation(100, 3, 0), epoch_permutation(100, 3, 0)
+    assert np.array_equal(a, b) and not np.array_equal(a, epoch_permutation(100, 3, 1))
+    assert np.array_equal(epoch_permutation(5, 3, 0, shuffle=False), np.arange(5))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"x": np.zeros((0, 3)), "global_batch": 4}, "at least one sample"),
+    ({"x": np.zeros((10, 3)), "global_batch": 0}, "global_batch=0"),
+    ({"x": np.zeros((10, 3)), "global_batch": -3}, "global_batch=-3"),
+    ({"x": np.zeros((10, 3)), "global_batch": 4.0}, "global_batch=4.0"),
+    ({"x": np.zeros((10, 3)), "y": np.zeros(9), "global_batch": 4}, "common first dimension"),
+    ({"x": np.zeros((10, 3)), "global_batch": 4, "seed": "a"}, "seed='a'"),
+])
+def test_feed_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BalancedFeed(**kwargs)
+
+
+def test_feed_rejects_more_workers_than_the_batch_allows():
+    with pytest.raises(ValueError, match="global_batch=4"):
+        BalancedFeed(np.zeros(100), global_batch=4, size=5)
+    with pytest.raises(ValueError, match="rank=2"):
+        BalancedFeed(np.zeros(100), global_batch=4, rank=2, size=2)
+
+
+def test_feed_rejects_a_tail_step_larger_than_b_max_allows():
+    with pytest.raises(ValueError, match="b_max=1"):
+        BalancedFeed(np.zeros(3), global_batch=2, b_max=1, size=2)
+
+
+def test_function_source_and_nested_arrays():
+    feed = BalancedFeed.from_function(lambda idx: ({"a": idx * 2}, idx), 10, global_batch=5, shuffle=False,
+                                      rank=1, size=2)
+    feed.plan(0, 1, [2, 3])
+    x, y = feed.next_batch()
+    assert x["a"].tolist() == [14, 16, 18] and y.tolist() == [7, 8, 9]
+
+
+def test_plan_rejects_wrong_batches():
+    feed = BalancedFeed(np.zeros(10), global_batch=5, size=2)
+    with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
+        feed.plan(0, 0, [2, 2])
+    with pytest.raises(RuntimeError, match="LoadBalancer"):
+        BalancedFeed(np.zeros(10), global_batch=5).next_batch()
