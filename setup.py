@@ -19,12 +19,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["lbbsp", "lbbsp.*", "predictor", "predictor.*"]),
-    package_data={"predictor": ["models/*.npz", "models/*.json"], "lbbsp": ["scenarios/*.yaml"]},
+    package_data={"predictor": ["models/*.npz"]},
     install_requires=[r for r in _requirements("runtime.txt") if not r.startswith("tensorflow")],
     extras_require={"dev": _requirements("dev.txt")},
-    entry_points={
-        "console_scripts": [
-            "lbbsp-bench=benchmarks.compare:main",
-        ]
-    },
 )

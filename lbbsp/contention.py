@@ -12,7 +12,7 @@ import subprocess
 import sys
 import uuid
 
-__all__ = ["cgroup_root", "cgroups_writable", "CpuQuota", "CpuHog", "pin_to_cores"]
+__all__ = ["cgroup_root", "cgroups_writable", "CpuQuota", "CpuHog", "MemoryHog", "pin_to_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,38 @@ class CpuHog:
         self.stop()
 
 
-def pin_to_cores(cores, pid=0):
-    """Restrict `pid` (default: this process) to the given CPU cores."""
-    os.sched_setaffinity(pid, set(int(c) for c in cores))
+class MemoryHog(CpuHog):
+    """A process that holds `megabytes` of memory and keeps rewriting it (memory pressure and bandwidth)."""
+
+    def __init__(self, cores, megabytes=1024):
+        super().__init__(cores)
+        self.megabytes = int(megabytes)
+
+    def start(self):
+        if self.running:
+            return
+        code = (f"import os; os.sched_setaffinity(0, {self.cores!r})\n"
+                f"buf = bytearray({self.megabytes} * 2**20)\n"
+                "while True:\n"
+                "    for i in range(0, len(buf), 4096): buf[i] = (buf[i] + 1) & 255\n")
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pin_to_cores(cores, pid=None):
+    """Restrict every thread of `pid` (default: this process) to the given CPU cores.
+
+    sched_setaffinity acts on one thread; TensorFlow's and Horovod's thread
+    pools already exist, so each task of the process is pinned.
+    """
+    cores = set(int(c) for c in cores)
+    pid = os.getpid() if pid is None else int(pid)
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:
+            pass  # the thread ended meanwhile

@@ -17,7 +17,13 @@ from predictor.telemetry import FEATURES
 from .metrics import idle_fraction, summarize_steps
 from .policies import StepStats, make_policy
 
-__all__ = ["GuardedPredictor", "BalanceController", "HISTORY_FIELDS"]
+__all__ = ["GuardedPredictor", "BalanceController", "HISTORY_FIELDS", "OUTBOX_FIELDS", "ROW_FIELDS"]
+
+#: What each worker sends about itself after a step (set by the adapter before the next step's exchange).
+OUTBOX_FIELDS = ("forecast", "wait", "true_speed")
+#: Columns of the gathered (N, 4) matrix: the outbox plus the busy time measured in the step itself.
+ROW_FIELDS = OUTBOX_FIELDS + ("compute",)
+_COL = {name: i for i, name in enumerate(ROW_FIELDS)}
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +119,19 @@ class BalanceController:
             return float("nan")
         return self.predictor.update(speed, features)
 
-    def decide(self, epoch, step, gathered, true_speed=None):
-        """Batches for the step after (epoch, step) from the gathered (N, 3) [forecast, wait, compute] matrix."""
-        gathered = np.asarray(gathered, dtype=np.float64).reshape(self.size, 3)
+    def decide(self, epoch, step, gathered):
+        """Batches for the step after (epoch, step) from the gathered (N, 4) matrix.
+
+        Columns are ROW_FIELDS; true_speed is NaN except in benchmarks that
+        inject known speeds (for the oracle).
+        """
+        gathered = np.asarray(gathered, dtype=np.float64).reshape(self.size, len(ROW_FIELDS))
         last_of_epoch = step + 1 >= self.schedule.size
         next_global = int(self.schedule[0 if last_of_epoch else step + 1])
-        stats = StepStats(step=self.steps_seen, batches=self.batches.copy(), compute=gathered[:, 2],
-                          wait=gathered[:, 1], forecast=gathered[:, 0], true_speed=true_speed)
+        true_speed = gathered[:, _COL["true_speed"]]
+        stats = StepStats(step=self.steps_seen, batches=self.batches.copy(), compute=gathered[:, _COL["compute"]],
+                          wait=gathered[:, _COL["wait"]], forecast=gathered[:, _COL["forecast"]],
+                          true_speed=true_speed if np.isfinite(true_speed).all() else None)
         self.steps_seen += 1
         if self.steps_seen <= self.warmup_steps:
             # The first steps include tracing and warm-up: measured speeds say nothing yet.

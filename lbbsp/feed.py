@@ -120,6 +120,7 @@ class BalancedFeed:
         self._perm = None
         self._plan = None
         self.served = None
+        self.serves = 0
 
     @property
     def steps_per_epoch(self):
@@ -138,6 +139,7 @@ class BalancedFeed:
                 self._perm = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
                 self._epoch = epoch
             self._plan = (int(epoch), int(step), batches)
+            self.serves = 0
 
     def indices(self, epoch, step, batches, rank=None):
         """Sample indices that `rank` (default: this worker) reads at (epoch, step) under `batches`."""
@@ -145,15 +147,21 @@ class BalancedFeed:
         return local_indices(perm, self.offsets[step], batches, self.rank if rank is None else rank)
 
     def next_batch(self):
-        """This worker's batch for the planned step; records (epoch, step, size) in `served`."""
+        """This worker's batch for the planned step.
+
+        Records (epoch, step, size) in `served` and counts the calls since the
+        last plan in `serves`: more than one means something read ahead.
+        """
         with self._lock:
             if self._plan is None:
                 raise RuntimeError(
-                    "BalancedFeed has no planned step: pass lbbsp.keras.LoadBalancer(feed) in the callbacks of fit()"
+                    "BalancedFeed has no planned step: pass lbbsp.keras.LoadBalancer(feed) in the callbacks of fit() "
+                    "and feed.dataset() to fit unchanged (no prefetch: batches are decided per step)"
                 )
             epoch, step, batches = self._plan
             idx = local_indices(self._perm, self.offsets[step], batches, self.rank)
             self.served = (epoch, step, len(idx))
+            self.serves += 1
         return self.source.take(idx)
 
     def example(self):

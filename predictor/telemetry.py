@@ -10,7 +10,7 @@ feature             meaning                                                neutr
 proc_cpu            CPU seconds this process used per wall second,         0
                     divided by the cores it may use (affinity and quota)
 sys_cpu             busy fraction of all cores since the last sample       0
-run_queue           runnable tasks (/proc/loadavg) per core                0
+run_queue           runnable tasks on the machine per core of the machine  0
 mem_available       available memory / total memory                        1
 proc_rss            this process's resident memory / total memory          0
 cpu_quota           cgroup CPU quota in cores / cores in the affinity set  1
@@ -93,6 +93,7 @@ class Telemetry:
     def __init__(self, slow_every=10):
         self._proc = psutil.Process()
         self._cores = max(len(os.sched_getaffinity(0)), 1)
+        self._machine_cores = os.cpu_count() or 1
         self._total_mem = float(psutil.virtual_memory().total)
         self._slow_every = max(int(slow_every), 1)
         self._stat = _ProcFile("/proc/stat")
@@ -155,12 +156,11 @@ class Telemetry:
         ])
 
     def _counters(self):
-        times = os.times()
-        usage = resource.getrusage(resource.RUSAGE_SELF)
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts 10 ms ticks
         busy, total, running = self._system()
         return {
             "wall": time.monotonic(),
-            "proc_cpu": times.user + times.system,
+            "proc_cpu": usage.ru_utime + usage.ru_stime,
             "sys_busy": busy,
             "sys_total": total,
             "running": running,
@@ -182,7 +182,7 @@ class Telemetry:
         return np.array([
             (now["proc_cpu"] - last["proc_cpu"]) / wall / self._allowed,
             (now["sys_busy"] - last["sys_busy"]) / sys_total if sys_total > 0 else 0.0,
-            now["running"] / self._cores,
+            now["running"] / self._machine_cores,
             self._slow[0],
             self._slow[1],
             self._slow[2],

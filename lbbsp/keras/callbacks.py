@@ -6,16 +6,18 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..controller import BalanceController
+from ..controller import ROW_FIELDS, BalanceController
 from ..feed import BalancedFeed
 from .global_metrics import global_metric_results
-from .optimizer import ROW_FIELDS, is_balanced_optimizer
+from .optimizer import is_balanced_optimizer
 
 __all__ = ["LoadBalancer"]
 
 log = logging.getLogger(__name__)
 
 EXCHANGES = ("fused", "eager")
+#: Keys written into the batch logs at every step.
+STEP_KEYS = ("lbbsp_batch", "lbbsp_speed", "lbbsp_forecast", "lbbsp_compute_ms", "lbbsp_wait_ms")
 
 
 class LoadBalancer(tf.keras.callbacks.Callback):
@@ -37,7 +39,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
       csv_path: where each rank writes its per-step history at the end of
         training; "{rank}" in the path is replaced by the rank.
       true_speed_fn: benchmarks only, for policy "oracle": `fn(epoch, step)`
-        returns every worker's true speed at that step.
+        returns this worker's true (injected) speed at that step; the values
+        of all workers travel in the exchange, so every rank sees the same.
 
     Per step it writes `lbbsp_batch`, `lbbsp_speed`, `lbbsp_forecast`,
     `lbbsp_compute_ms` and `lbbsp_wait_ms` into the batch logs; per epoch
@@ -130,10 +133,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         started = time.perf_counter()
         state = self._state
         local = int(self._batches[self.rank])
-        if self.feed.served != (self._epoch, batch, local):
+        if self.feed.served != (self._epoch, batch, local) or self.feed.serves != 1:
             raise RuntimeError(
-                f"lbbsp: step {batch} of epoch {self._epoch} should have read {local} samples but the feed served "
-                f"{self.feed.served}; the dataset was prefetched or wrapped (pass feed.dataset() to fit unchanged)"
+                f"lbbsp: step {batch} of epoch {self._epoch} should have read {local} samples once but the feed "
+                f"served {self.feed.served} {self.feed.serves} time(s); the dataset was prefetched or wrapped "
+                "(pass feed.dataset() to fit unchanged)"
             )
         if state.steps != self._steps_before + 1:
             raise RuntimeError(
@@ -145,15 +149,15 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         speed = local / compute if compute > 0 else float("nan")
         features = self._telemetry.sample() if self._telemetry is not None else None
         forecast = self.controller.forecast(speed, features)
+        true = float(self.true_speed_fn(self._epoch, batch + 1)) if self.true_speed_fn else float("nan")
         if self.exchange == "eager":
-            row = tf.constant([[forecast, wait, compute]], dtype=tf.float64)
+            row = tf.constant([[forecast, wait, true, compute]], dtype=tf.float64)
             gathered = hvd.allgather(row, name="lbbsp_eager_stats").numpy()
         else:
             gathered = state.gathered
-        true = self.true_speed_fn(self._epoch, batch + 1) if self.true_speed_fn else None
         current = self._batches
-        self._batches, stats = self.controller.decide(self._epoch, batch, gathered, true)
-        state.outbox[:] = (forecast, wait)
+        self._batches, stats = self.controller.decide(self._epoch, batch, gathered)
+        state.outbox[:] = (forecast, wait, true)
         if batch + 1 >= self.feed.steps_per_epoch and self.sync_metrics:
             self._train_metrics = global_metric_results(self.model)
         overhead = self._overhead + time.perf_counter() - started
@@ -164,12 +168,14 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             overhead=overhead, features=features,
         )
         if logs is not None:
-            logs.update(lbbsp_batch=local, lbbsp_speed=speed, lbbsp_forecast=forecast,
-                        lbbsp_compute_ms=1e3 * compute, lbbsp_wait_ms=1e3 * wait)
+            logs.update(zip(STEP_KEYS, (local, speed, forecast, 1e3 * compute, 1e3 * wait)))
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
+        # Keras copies the last step's batch logs into the epoch logs: keep only epoch figures.
+        for key in STEP_KEYS:
+            logs.pop(key, None)
         logs.update(self._train_metrics)
         if self.sync_metrics and any(key.startswith("val_") for key in logs):
             logs.update(global_metric_results(self.model, prefix="val_"))

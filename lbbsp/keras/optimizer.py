@@ -14,12 +14,10 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DistributedOptimizer", "BalanceState", "is_balanced_optimizer", "ROW_FIELDS", "OUTBOX_FIELDS"]
+from ..controller import OUTBOX_FIELDS, ROW_FIELDS
 
-#: What each worker puts into the in-graph allgather (set by the callback after the previous step).
-OUTBOX_FIELDS = ("forecast", "wait")
-#: Columns of the gathered matrix: the outbox plus the compute time measured in this step's graph.
-ROW_FIELDS = OUTBOX_FIELDS + ("compute",)
+__all__ = ["DistributedOptimizer", "BalanceState", "is_balanced_optimizer"]
+
 
 
 class BalanceState:

@@ -15,3 +15,35 @@ def init_worker():
 
     hvd.init()
     return hvd, tf
+
+
+def test_predictors():
+    """Predictors for the tests: one that jumps at random, one that fails in every way it can."""
+    import numpy as np
+
+    from predictor.base import SpeedPredictor
+
+    class RandomPredictor(SpeedPredictor):
+        """Forecasts a random speed each step so the batch sizes keep changing."""
+
+        name = "random"
+
+        def __init__(self, seed):
+            self.rng = np.random.default_rng(seed)
+            super().__init__()
+
+        def _forecast(self):
+            return float(self.rng.uniform(1.0, 100.0))
+
+    class FailingPredictor(RandomPredictor):
+        """Raises, returns NaN, inf, 0 or a negative value on a fixed rota of steps."""
+
+        name = "failing"
+
+        def _forecast(self):
+            step = len(self.history)
+            if step % 5 == 1:
+                raise RuntimeError("predictor exploded")
+            return [float("nan"), float("inf"), 0.0, -3.0, super()._forecast()][step % 5]
+
+    return RandomPredictor, FailingPredictor

@@ -17,8 +17,13 @@ from lbbsp.policies import FixedPolicy  # noqa: E402
 out_path, shares = sys.argv[1], [float(s) for s in sys.argv[2].split(",")]
 N, B, EPOCHS, LR = 50, 16, 2, 0.05
 rng = np.random.default_rng(0)
-x = rng.normal(size=(N, 5)).astype(np.float32)
-y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(N, 1))).astype(np.float32)
+x = rng.normal(size=(N + 30, 5)).astype(np.float32)
+y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(N + 30, 1))).astype(np.float32)
+x, y, x_val, y_val = x[:N], y[:N], x[N:], y[N:]
+# Deliberately unequal validation shards: rank r gets a share proportional to r + 1.
+cuts = np.cumsum([0] + [(r + 1) for r in range(hvd.size())])
+bounds = np.round(cuts / cuts[-1] * len(x_val)).astype(int)
+val_shard = (x_val[bounds[hvd.rank()]:bounds[hvd.rank() + 1]], y_val[bounds[hvd.rank()]:bounds[hvd.rank() + 1]])
 
 
 def build():
@@ -34,6 +39,7 @@ model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, mome
 feed = lb.BalancedFeed(x, y, global_batch=B, seed=7)
 balancer = lb.LoadBalancer(feed, policy=FixedPolicy(shares), warmup_steps=0)
 hist = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
+                 validation_data=val_shard, validation_batch_size=4,
                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer])
 
 if hvd.rank() == 0:
@@ -51,12 +57,16 @@ if hvd.rank() == 0:
             res = ref.train_on_batch(x[idx], y[idx], reset_metrics=False, return_dict=True)
         losses.append(res)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), ref.get_weights()))
+    ref_val = ref.evaluate(x_val, y_val, batch_size=7, verbose=0, return_dict=True)
     result = {
         "max_weight_diff": diff,
         "batches": sorted({r["batch"] for r in balancer.history}),
         "schedule": feed.schedule.tolist(),
         "lbbsp_loss": hist.history["loss"], "ref_loss": [r["loss"] for r in losses],
         "lbbsp_mae": hist.history["mae"], "ref_mae": [r["mae"] for r in losses],
+        "lbbsp_val_loss": hist.history["val_loss"][-1], "ref_val_loss": ref_val["loss"],
+        "lbbsp_val_mae": hist.history["val_mae"][-1], "ref_val_mae": ref_val["mae"],
+        "lbbsp_keys": sorted(hist.history),
         "size": hvd.size(),
     }
     with open(out_path, "w") as fh:

@@ -1,0 +1,69 @@
+"""PNG plots of a comparison: per-worker batch sizes over time, iteration time per variant, idle fraction."""
+import csv
+import glob
+import os
+
+import numpy as np
+
+__all__ = ["plot_all"]
+
+
+def _steps(run_dir):
+    """{rank: {"batch": array, "step_time": array, "time": array}} from a run's per-rank CSVs."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "steps_rank*.csv"))):
+        rank = int(os.path.basename(path)[len("steps_rank"):-4])
+        with open(path) as fh:
+            rows = list(csv.DictReader(fh))
+        out[rank] = {k: np.array([float(r[k]) for r in rows]) for k in ("batch", "step_time", "time")}
+    return out
+
+
+def plot_all(out_dir, results):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    dynamic = [v for v in results if v not in ("horovod", "equal") and _steps(os.path.join(out_dir, v))]
+    if dynamic:
+        fig, axes = plt.subplots(len(dynamic), 1, figsize=(9, 2.2 * len(dynamic)), sharex=True, squeeze=False)
+        for ax, label in zip(axes[:, 0], dynamic):
+            steps = _steps(os.path.join(out_dir, label))
+            t0 = min(s["time"][0] for s in steps.values())
+            for rank, s in sorted(steps.items()):
+                ax.plot(s["time"] - t0, s["batch"], label=f"worker {rank}", lw=1)
+            ax.set_ylabel("batch")
+            ax.set_title(label, fontsize=9, loc="left")
+        axes[0, 0].legend(fontsize=7, ncol=4, loc="upper right")
+        axes[-1, 0].set_xlabel("seconds since training start")
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "batches_over_time.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    labels = list(results)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4))
+    times = []
+    for label in labels:
+        steps = _steps(os.path.join(out_dir, label))
+        if steps:
+            times.append(1e3 * np.max(np.vstack([s["step_time"][:min(len(v["step_time"]) for v in steps.values())]
+                                                 for s in steps.values()]), axis=0)[1:])
+        else:
+            times.append(np.array([1e3 * results[label]["epoch_time"]]))
+    ax1.boxplot(times, labels=labels, showfliers=False)
+    ax1.set_ylabel("iteration time (ms)")
+    ax1.tick_params(axis="x", rotation=30, labelsize=8)
+    ax1.set_title("iteration time (slowest worker per step)", fontsize=9)
+    idle = [100 * (results[v].get("idle_fraction") or 0) for v in labels]
+    ax2.bar(labels, idle, color="tab:orange")
+    ax2.set_ylabel("idle fraction (%)")
+    ax2.tick_params(axis="x", rotation=30, labelsize=8)
+    ax2.set_title("time blocked in the allreduce / wall time", fontsize=9)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "iteration_and_idle.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,61 @@
+"""Models and built-in data for the benchmarks and the trace recorder (no downloads).
+
+- "mlp": a synthetic throughput workload in the style of Horovod's synthetic
+  benchmark (random inputs and labels, a dense network).
+- "cnn": a small CNN on scikit-learn's handwritten digits (1,797 real 8x8
+  images that ship inside the scikit-learn package), for accuracy.
+"""
+import numpy as np
+
+__all__ = ["WORKLOADS", "load_data", "build_model"]
+
+WORKLOADS = ("mlp", "cnn")
+
+
+def _check(name):
+    if name not in WORKLOADS:
+        raise ValueError(f"workload={name!r} is not allowed: use one of {list(WORKLOADS)}")
+
+
+def load_data(name, seed=0, num_samples=8192, width=64):
+    """(x_train, y_train, x_test, y_test) for a workload."""
+    _check(name)
+    if name == "mlp":
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(num_samples, width)).astype(np.float32)
+        y = rng.integers(0, 10, size=num_samples).astype(np.int64)
+        return x, y, x[:512], y[:512]
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise ImportError("workload 'cnn' needs scikit-learn (pip install -r requirements/dev.txt)") from exc
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], y[order]
+    split = 1437
+    return x[:split], y[:split], x[split:], y[split:]
+
+
+def build_model(name, hidden=512, width=64, seed=0):
+    """A compiled-later Keras model for a workload (the caller compiles it with its optimizer)."""
+    import tensorflow as tf
+
+    _check(name)
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    if name == "mlp":
+        return tf.keras.Sequential([
+            layers.Dense(hidden, activation="relu", input_shape=(width,)),
+            layers.Dense(hidden, activation="relu"),
+            layers.Dense(10),
+        ])
+    return tf.keras.Sequential([
+        layers.Conv2D(32, 3, padding="same", activation="relu", input_shape=(8, 8, 1)),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dense(128, activation="relu"),
+        layers.Dense(10),
+    ])

@@ -1,0 +1,61 @@
+"""Reading and writing speed traces: per-step CSV (optionally gzip) of measured speed plus telemetry.
+
+Columns: step, time, batch, step_time, speed, the telemetry FEATURES, and the
+injected state where the recorder knows it (quota, hog, mem). Lines starting
+with '#' hold how the trace was made.
+"""
+import csv
+import gzip
+import io
+import os
+
+import numpy as np
+
+from .telemetry import FEATURES
+
+__all__ = ["COLUMNS", "write_trace", "read_trace", "list_traces", "TRACE_DIR"]
+
+COLUMNS = ("step", "time", "batch", "step_time", "speed") + FEATURES + ("quota", "hog", "mem")
+TRACE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
+
+
+def _open(path, mode):
+    return gzip.open(path, mode + "t", newline="") if str(path).endswith(".gz") else open(path, mode, newline="")
+
+
+def write_trace(path, rows, comments=()):
+    """Write dict rows (keys in COLUMNS) with a few significant digits, to keep committed traces small."""
+    with _open(path, "w") as fh:
+        for line in comments:
+            fh.write(f"# {line}\n")
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        for row in rows:
+            writer.writerow([f"{row.get(c, float('nan')):.5g}" if isinstance(row.get(c), float) else row.get(c, "")
+                             for c in COLUMNS])
+
+
+def read_trace(path):
+    """{"speed": (n,), "features": (n, len(FEATURES)), other columns: (n,), "comments": [...], "name": str}."""
+    with _open(path, "r") as fh:
+        text = fh.read()
+    comments = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    reader = csv.reader(io.StringIO(body))
+    header = next(reader)
+    missing = [c for c in ("speed",) + FEATURES if c not in header]
+    if missing:
+        raise ValueError(f"trace {path!r} lacks columns {missing}")
+    table = np.array([[float(v) if v != "" else np.nan for v in row] for row in reader if row], dtype=np.float64)
+    table = table.reshape(-1, len(header))
+    cols = {name: table[:, i] for i, name in enumerate(header)}
+    out = {name: cols[name] for name in header if name not in FEATURES}
+    out["features"] = np.column_stack([cols[f] for f in FEATURES]) if len(table) else np.zeros((0, len(FEATURES)))
+    out["comments"] = comments
+    out["name"] = os.path.basename(str(path)).split(".")[0]
+    return out
+
+
+def list_traces(directory=TRACE_DIR):
+    """Paths of the trace files in a directory, sorted."""
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith((".csv", ".csv.gz")))

@@ -1,0 +1,149 @@
+"""Train the NARX model (and its linear ARX baseline) on recorded traces; write the shipped model files.
+
+    python -m predictor.train                    # all traces except the held-out test files
+    python -m predictor.train --traces traces/quota_*.csv.gz --out-dir /tmp/models
+
+Both models see the same windows (predictor/features.py), use the same loss
+(mean absolute error of the log speed ratio, which tracks MAPE), the same
+optimizer and early stopping on the last 15% of every training trace. For
+each, several window lengths (and GRU sizes) are tried and the one with the
+lowest validation loss is kept. The test traces (TEST_TRACES) are held out
+by file for `predictor.evaluate` and play no part in training or selection.
+"""
+import argparse
+import glob
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+from .features import DEFAULT_SPEC, WindowSpec
+from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, save
+from .traces import TRACE_DIR, list_traces, read_trace
+
+__all__ = ["TEST_TRACES", "training_traces", "windows", "train", "main"]
+
+log = logging.getLogger("predictor.train")
+
+#: Configurations tried: NARX (delays, GRU units) and ARX delays; the best on validation is shipped.
+NARX_CANDIDATES = ((8, 16), (16, 32))
+ARX_CANDIDATES = (8, 16)
+
+#: Held out by file: one or more of every scenario, workloads and batch sizes not all seen in training.
+TEST_TRACES = ("steady_cnn_b32", "quota_mlp_b256", "hog_mlp_b32", "memory_cnn_b32", "mixed_cnn_b32")
+
+
+def training_traces(directory=TRACE_DIR):
+    return [p for p in list_traces(directory) if os.path.basename(p).split(".")[0] not in TEST_TRACES]
+
+
+def windows(paths, spec, holdout=0.15):
+    """(X_train, y_train, X_val, y_val): windows of every trace, the last `holdout` of each for validation."""
+    parts = {"train": ([], []), "val": ([], [])}
+    for path in paths:
+        trace = read_trace(path)
+        X, y, ends = spec.dataset(trace["speed"], trace["features"])
+        cut = ends < int(len(trace["speed"]) * (1 - holdout))
+        for name, mask in (("train", cut), ("val", ~cut)):
+            parts[name][0].append(X[mask])
+            parts[name][1].append(y[mask])
+    stack = [np.concatenate(parts[n][i]) for n in ("train", "val") for i in (0, 1)]
+    return tuple(a.astype(np.float32) for a in stack)
+
+
+def _fit(model, data, epochs):
+    import tensorflow as tf
+
+    X, y, Xv, yv = data
+    model.compile(optimizer=tf.keras.optimizers.Adam(3e-3), loss="mae")
+    stop = tf.keras.callbacks.EarlyStopping(patience=6, restore_best_weights=True)
+    hist = model.fit(X, y, validation_data=(Xv, yv), batch_size=256, epochs=epochs, verbose=0, callbacks=[stop],
+                     shuffle=True)
+    return float(min(hist.history["val_loss"])), len(hist.history["loss"])
+
+
+def _train_narx(data, spec, units, epochs):
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    model = tf.keras.Sequential([layers.GRU(units, input_shape=(spec.delays, spec.width)), layers.Dense(1)])
+    val, used = _fit(model, data, epochs)
+    gru, dense = model.layers
+    kernel, recurrent, bias = gru.get_weights()
+    dense_w, dense_b = dense.get_weights()
+    return NARXPredictor(spec, kernel, recurrent, bias, dense_w[:, 0], dense_b), val, used
+
+
+def _train_arx(data, spec, epochs):
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    model = tf.keras.Sequential([layers.Flatten(input_shape=(spec.delays, spec.width)), layers.Dense(1)])
+    val, used = _fit(model, data, epochs)
+    w, b = model.layers[1].get_weights()
+    return ARXPredictor(spec, w[:, 0], b), val, used
+
+
+def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES, epochs=60, seed=0):
+    """Train every candidate configuration; keep, for NARX and for ARX, the one with the lowest validation loss.
+
+    Returns (narx, arx, report). Selection uses only the validation tail of the
+    training traces, never the held-out test traces.
+    """
+    import tensorflow as tf
+
+    report = {"traces": [os.path.basename(p) for p in paths], "candidates": []}
+    best = {}
+    cache = {}
+    for kind, candidates in (("narx", narx_candidates), ("arx", arx_candidates)):
+        for config in candidates:
+            delays, units = (config if kind == "narx" else (config, None))
+            spec = WindowSpec(delays, DEFAULT_SPEC.level_span)
+            if delays not in cache:
+                cache[delays] = windows(paths, spec)
+                if len(cache[delays][0]) == 0:
+                    raise ValueError(f"no usable windows in {len(paths)} traces: each needs > "
+                                     f"{spec.history_needed} steps")
+            tf.keras.utils.set_random_seed(seed)
+            if kind == "narx":
+                model, val, used = _train_narx(cache[delays], spec, units, epochs)
+            else:
+                model, val, used = _train_arx(cache[delays], spec, epochs)
+            entry = {"kind": kind, "delays": delays, "units": units, "val_mae_log": val, "epochs": used,
+                     "train_windows": int(len(cache[delays][0])), "val_windows": int(len(cache[delays][2]))}
+            report["candidates"].append(entry)
+            log.info("%s", entry)
+            if kind not in best or val < best[kind][1]["val_mae_log"]:
+                best[kind] = (model, entry)
+    report["narx"], report["arx"] = best["narx"][1], best["arx"][1]
+    report["train_windows"] = best["narx"][1]["train_windows"]
+    return best["narx"][0], best["arx"][0], report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", nargs="*", help="trace files (default: all but the held-out test traces)")
+    parser.add_argument("--out-dir", default=MODEL_DIR)
+    parser.add_argument("--quick", action="store_true", help="one small NARX and ARX, few epochs (for testing)")
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    paths = [p for pattern in args.traces for p in sorted(glob.glob(pattern))] if args.traces else training_traces()
+    if not paths:
+        parser.error(f"no trace files match {args.traces!r}")
+    if args.quick:
+        narx, arx, report = train(paths, ((4, 4),), (4,), epochs=min(args.epochs, 2), seed=args.seed)
+    else:
+        narx, arx, report = train(paths, epochs=args.epochs, seed=args.seed)
+    os.makedirs(args.out_dir, exist_ok=True)
+    save(narx, os.path.join(args.out_dir, "narx_default.npz"), meta=report)
+    save(arx, os.path.join(args.out_dir, "arx_default.npz"), meta=report)
+    log.info("%s", json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

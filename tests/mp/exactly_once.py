@@ -1,0 +1,71 @@
+"""Run under horovodrun: every sample read exactly once per epoch while batch sizes change every step.
+
+Also checks that every rank took the same decision at every step, that the
+train function was traced once for all batch sizes, and (with 'failing') that
+a predictor which raises or returns NaN/inf/<=0 on one rank neither kills
+nor hangs the job.
+Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON EXCHANGE PREDICTOR(random|failing)
+"""
+import json
+import sys
+
+import numpy as np
+
+from _common import init_worker, test_predictors
+
+hvd, tf = init_worker()
+import lbbsp.keras as lb  # noqa: E402
+from horovod.tensorflow import allgather_object  # noqa: E402
+
+out_path, exchange, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+RandomPredictor, FailingPredictor = test_predictors()
+rank = hvd.rank()
+N_SAMPLES, EPOCHS = 101, 3
+read = []
+
+
+def fetch(indices):
+    read.append(indices.copy())
+    x = indices.astype(np.float32)[:, None]
+    return x, np.sin(x)
+
+
+class Decisions(tf.keras.callbacks.Callback):
+    def __init__(self, balancer):
+        super().__init__()
+        self.balancer, self.log = balancer, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.log.append(self.balancer.controller.batches.tolist())
+
+
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
+feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
+predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
+balancer = lb.LoadBalancer(feed, policy="lbbsp", predictor=predictor,
+                           exchange=exchange, warmup_steps=0)
+balancer.controller.policy.min_gain = 0.0
+decisions = Decisions(balancer)
+dataset = feed.dataset()
+read.clear()  # dataset() read one sample to learn the element signature
+model.fit(dataset, steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
+          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, decisions])
+
+per_epoch = []
+steps = feed.steps_per_epoch
+for epoch in range(EPOCHS):
+    per_epoch.append(np.concatenate(read[epoch * steps:(epoch + 1) * steps]).tolist())
+mine = {
+    "epochs": per_epoch,
+    "decisions": decisions.log,
+    "batch_sizes": sorted({len(r) for r in read}),
+    "tracing_count": model.train_function.experimental_get_tracing_count(),
+    "predictor_failures": balancer.controller.predictor.failures,
+    "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
+}
+everyone = allgather_object(mine)
+if rank == 0:
+    with open(out_path, "w") as fh:
+        json.dump({"num_samples": N_SAMPLES, "steps_per_epoch": steps, "ranks": everyone}, fh)

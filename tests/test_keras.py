@@ -1,0 +1,164 @@
+"""Keras tests in one process (Horovod size 1): the callback, the optimizer wrapper and the feed on a tiny model."""
+import csv
+import logging
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+hvd = pytest.importorskip("horovod.tensorflow.keras")
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+hvd.init()
+
+import lbbsp.keras as lb  # noqa: E402
+from lbbsp.policies import Policy  # noqa: E402
+from predictor.base import SpeedPredictor  # noqa: E402
+
+X = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+Y = X.sum(axis=1, keepdims=True)
+
+
+def tiny(optimizer=None):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer or lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse",
+                  metrics=["mae"])
+    return model
+
+
+def fit(model, feed, balancer, epochs=2, **kwargs):
+    return model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=epochs, verbose=0,
+                     callbacks=[balancer], **kwargs)
+
+
+def test_logs_history_and_csv(tmp_path):
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    seen = []
+
+    class Peek(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(dict(logs))
+
+    balancer = lb.LoadBalancer(feed, predictor="ema", csv_path=str(tmp_path / "steps_{rank}.csv"))
+    model = tiny()
+    hist = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=2, verbose=0,
+                     callbacks=[balancer, Peek()])
+    assert {"lbbsp_batch", "lbbsp_speed", "lbbsp_forecast", "lbbsp_compute_ms", "lbbsp_wait_ms"} <= set(seen[-1])
+    assert [s["lbbsp_batch"] for s in seen[:4]] == [16, 16, 16, 2]
+    for key in ("lbbsp_batch", "lbbsp_efficiency", "lbbsp_idle_fraction", "lbbsp_overhead_ms", "loss", "mae"):
+        assert len(hist.history[key]) == 2
+    assert "lbbsp_speed" not in hist.history, "per-step values stay out of the epoch logs"
+    assert hist.history["lbbsp_batch"][0] == (16 * 3 + 2) / 4
+    rows = list(csv.DictReader(open(tmp_path / "steps_0.csv")))
+    assert len(rows) == 8 and rows[0]["rank"] == "0" and float(rows[-1]["compute"]) > 0
+    assert "proc_cpu" in rows[0], "telemetry columns go with the CSV"
+
+
+def test_train_function_traced_once_for_all_batch_sizes():
+    # Schedule [16, 16, 16, 2]: two batch sizes; count equals that of a run with one size.
+    model_var = tiny()
+    fit(model_var, lb.BalancedFeed(X, Y, global_batch=16), lb.LoadBalancer(lb.BalancedFeed(X, Y, global_batch=16)))
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    model_var = tiny()
+    fit(model_var, feed, lb.LoadBalancer(feed), epochs=3)
+    feed_fixed = lb.BalancedFeed(X[:48], Y[:48], global_batch=16)
+    model_fixed = tiny()
+    fit(model_fixed, feed_fixed, lb.LoadBalancer(feed_fixed), epochs=3)
+    assert (model_var.train_function.experimental_get_tracing_count()
+            == model_fixed.train_function.experimental_get_tracing_count() <= 2)
+
+
+def test_legacy_optimizer_and_saved_model_loads_without_lbbsp(tmp_path):
+    model = tiny(lb.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.01, momentum=0.5)))
+    feed = lb.BalancedFeed(X, Y, global_batch=10)
+    before = model.get_weights()
+    fit(model, feed, lb.LoadBalancer(feed, predictor="last"))
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(before, model.get_weights()))
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = tf.keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6)
+    assert type(loaded.optimizer).__name__ == "SGD"
+
+
+def test_wrapped_optimizer_is_required():
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    model = tiny(tf.keras.optimizers.SGD(0.01))
+    with pytest.raises(ValueError, match="model.optimizer=.*lbbsp.keras.DistributedOptimizer"):
+        fit(model, feed, lb.LoadBalancer(feed))
+
+
+def test_steps_per_epoch_must_match_the_feed():
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    with pytest.raises(ValueError, match="steps_per_epoch=3 is not allowed"):
+        tiny().fit(feed.dataset(), steps_per_epoch=3, epochs=1, verbose=0, callbacks=[lb.LoadBalancer(feed)])
+
+
+def test_steps_per_execution_must_be_one():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse",
+                  steps_per_execution=2)
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    with pytest.raises(ValueError, match="steps_per_execution=2"):
+        fit(model, feed, lb.LoadBalancer(feed))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"exchange": "gossip"}, "exchange='gossip'"),
+    ({"policy": "fastest"}, "policy='fastest'"),
+    ({"predictor": "oracle9"}, "predictor='oracle9'"),
+    ({"warmup_steps": -1}, "warmup_steps=-1"),
+    ({"csv_path": 3}, "csv_path=3"),
+])
+def test_bad_callback_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        lb.LoadBalancer(lb.BalancedFeed(X, Y, global_batch=16), **kwargs)
+    with pytest.raises(ValueError, match="feed="):
+        lb.LoadBalancer(object())
+
+
+def test_bad_optimizer_arguments():
+    with pytest.raises(ValueError, match="optimizer='sgd'"):
+        lb.DistributedOptimizer("sgd")
+    wrapped = lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
+    with pytest.raises(ValueError, match="already wrapped"):
+        lb.DistributedOptimizer(wrapped)
+
+
+def test_failing_predictor_falls_back_with_one_warning(caplog):
+    class Broken(SpeedPredictor):
+        name = "broken"
+
+        def _forecast(self):
+            raise ZeroDivisionError("boom")
+
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed, predictor=Broken(), warmup_steps=0)
+    with caplog.at_level(logging.WARNING, logger="lbbsp"):
+        hist = fit(tiny(), feed, balancer, epochs=3)
+    assert len(hist.history["loss"]) == 3
+    warnings = [r for r in caplog.records if "boom" in r.getMessage()]
+    assert len(warnings) == 1
+    assert balancer.controller.predictor.failures == 12
+    assert all(np.isfinite(r["forecast"]) for r in balancer.history), "fell back to the measured speed"
+
+
+def test_a_custom_policy_plugs_in():
+    class Halves(Policy):
+        name = "halves"
+
+        def after_step(self, stats, next_global_batch):
+            assert stats.compute.shape == (1,) and np.isfinite(stats.compute).all()
+            return super().after_step(stats, next_global_batch)
+
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    fit(tiny(), feed, lb.LoadBalancer(feed, policy=Halves()))
+
+
+def test_a_prefetched_feed_is_caught():
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    model = tiny()
+    with pytest.raises(Exception, match="prefetched or wrapped|no prefetch"):
+        model.fit(feed.dataset().prefetch(2), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
+                  callbacks=[lb.LoadBalancer(feed)])

@@ -1,0 +1,205 @@
+"""Predictor tests: telemetry on this machine, NARX numpy inference vs Keras, save/load, scale invariance, fallbacks."""
+import logging
+import os
+import time
+
+import numpy as np
+import pytest
+
+import predictor
+from predictor import EMAPredictor, LastValuePredictor, make_predictor
+from predictor.features import DEFAULT_SPEC, WindowSpec
+from predictor.narx import ARXPredictor, NARXPredictor, gru_forward, load, load_default, save
+from predictor.telemetry import FEATURES, NEUTRAL, Telemetry
+from predictor.traces import TRACE_DIR, read_trace, write_trace
+
+rng = np.random.default_rng(0)
+
+
+def random_narx(spec=DEFAULT_SPEC, units=6, online=False):
+    r = np.random.default_rng(1)
+    return NARXPredictor(spec, r.normal(size=(spec.width, 3 * units)) * 0.3,
+                         r.normal(size=(units, 3 * units)) * 0.3, r.normal(size=(2, 3 * units)) * 0.1,
+                         r.normal(size=units) * 0.1, [0.01], online=online)
+
+
+def feed(p, speeds, features=None):
+    out = []
+    for i, s in enumerate(speeds):
+        p.observe(s, None if features is None else features[i])
+        out.append(p.forecast())
+    return np.array(out)
+
+
+def test_telemetry_on_this_machine_is_cheap_and_in_range():
+    t = Telemetry()
+    busy = time.perf_counter() + 0.05
+    while time.perf_counter() < busy:
+        pass
+    first = t.sample()
+    assert first.shape == (len(FEATURES),) and np.isfinite(first).all()
+    values = dict(zip(FEATURES, first))
+    assert 0.5 < values["proc_cpu"] <= 1.05, "a busy loop uses about one of the allowed cores"
+    assert 0 <= values["sys_cpu"] <= 1 and 0 < values["mem_available"] <= 1 and 0 < values["proc_rss"] < 1
+    assert values["cpu_quota"] > 0 and values["throttled"] >= 0 and values["run_queue"] > 0
+    costs = []
+    for _ in range(200):
+        start = time.perf_counter()
+        t.sample()
+        costs.append(time.perf_counter() - start)
+    assert np.median(costs) < 1e-3, f"a sample should cost well under 1 ms, median {np.median(costs) * 1e3:.3f} ms"
+
+
+def test_numpy_gru_equals_keras_gru():
+    tf = pytest.importorskip("tensorflow")
+    layer = tf.keras.layers.GRU(7)
+    x = rng.normal(size=(4, 8, DEFAULT_SPEC.width)).astype(np.float32)
+    expected = layer(x).numpy()
+    kernel, recurrent, bias = layer.get_weights()
+    got = np.array([gru_forward(w, kernel, recurrent, bias) for w in x.astype(np.float64)])
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["narx", "arx"])
+def test_save_load_round_trip(tmp_path, kind):
+    spec = WindowSpec(4, 6)
+    p = random_narx(spec) if kind == "narx" else ARXPredictor(spec, rng.normal(size=spec.delays * spec.width), [0.2])
+    path = tmp_path / f"{kind}.npz"
+    save(p, path, meta={"note": "test"})
+    q = load(path)
+    assert type(q) is type(p) and q.spec.to_dict() == spec.to_dict() and q.meta == {"note": "test"}
+    speeds = rng.uniform(50, 60, 40)
+    feats = rng.uniform(0, 1, (40, len(FEATURES)))
+    np.testing.assert_allclose(feed(q, speeds, feats), feed(p, speeds, feats))
+
+
+@pytest.mark.parametrize("make", [lambda: random_narx(), lambda: random_narx(online=True),
+                                  lambda: load_default("narx"), lambda: load_default("arx"), EMAPredictor,
+                                  LastValuePredictor])
+def test_forecast_is_scale_free(make):
+    speeds = 50 * np.exp(np.cumsum(rng.normal(0, 0.05, 60)))
+    feats = rng.uniform(0, 1, (60, len(FEATURES)))
+    slow, fast = feed(make(), speeds, feats), feed(make(), speeds * 100, feats)
+    np.testing.assert_allclose(fast, slow * 100, rtol=1e-9)
+    assert np.isfinite(slow).all() and slow.shape == (60,)
+
+
+def test_too_little_history_and_nan_fall_back_to_ema():
+    p = random_narx()
+    ema = EMAPredictor()
+    speeds = [10.0, 11.0, 12.0]
+    np.testing.assert_allclose(feed(p, speeds), feed(ema, speeds))
+    assert p.fallbacks == 3
+    p.reset()
+    feed(p, rng.uniform(9, 11, 20))
+    before = p.fallbacks
+    p.observe(float("nan"), np.full(len(FEATURES), np.nan))
+    assert np.isfinite(p.forecast()) and p.fallbacks == before + 1, "a NaN speed in the window: EMA forecast"
+
+
+def test_nan_readings_are_replaced_by_neutral_values():
+    p = random_narx()
+    speeds = rng.uniform(9, 11, 20)
+    with_nan = feed(p, speeds, np.full((20, len(FEATURES)), np.nan))
+    p.reset()
+    neutral = feed(p, speeds, np.tile(NEUTRAL, (20, 1)))
+    np.testing.assert_allclose(with_nan, neutral)
+
+
+def test_missing_or_corrupt_model_file(tmp_path, monkeypatch, caplog):
+    with pytest.raises(OSError, match="cannot read"):
+        load(tmp_path / "absent.npz")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a model at all")
+    with pytest.raises((OSError, ValueError)):
+        load(bad)
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, header=np.array('{"kind": "narx", "version": 1, "spec": {"delays": 8, "level_span": 8, '
+                                    '"features": []}}'), kernel=np.zeros((3, 3)))
+    with pytest.raises(ValueError):
+        load(wrong)
+    monkeypatch.setattr("predictor.narx.MODEL_DIR", str(tmp_path))
+    (tmp_path / "narx_default.npz").write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="predictor"):
+        p = make_predictor("narx")
+    assert isinstance(p, EMAPredictor) and "using 'ema' instead" in caplog.text
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"predictor": "magic"}, "predictor='magic'"),
+])
+def test_bad_predictor_name(bad, message):
+    with pytest.raises(ValueError, match=message):
+        make_predictor(bad["predictor"])
+    with pytest.raises(ValueError, match="alpha=0"):
+        EMAPredictor(alpha=0)
+    with pytest.raises(ValueError, match="delays=0"):
+        WindowSpec(delays=0)
+    with pytest.raises(ValueError, match="unknown"):
+        WindowSpec(features=("gpu_temp",))
+
+
+def test_default_predictor_is_the_shipped_narx():
+    p = make_predictor()
+    assert isinstance(p, NARXPredictor) and p.uses_features
+    assert p.meta["train_windows"] > 10000 and p.meta["narx"]["val_mae_log"] < p.meta["arx"]["val_mae_log"]
+
+
+def test_narx_forecast_costs_under_a_millisecond():
+    p = load_default("narx")
+    feed(p, rng.uniform(90, 110, 30), rng.uniform(0, 1, (30, len(FEATURES))))
+    costs = []
+    for _ in range(300):
+        start = time.perf_counter()
+        p.observe(100.0, NEUTRAL)
+        p.forecast()
+        costs.append(time.perf_counter() - start)
+    assert np.median(costs) < 1e-3
+
+
+def test_online_adaptation_learns_a_bias_the_offline_model_lacks():
+    # A worker whose speed alternates in a pattern: RLS on the readout fits it better than the frozen model.
+    speeds = np.tile([100.0, 100.0, 60.0, 100.0], 200)
+    feats = np.tile(NEUTRAL, (speeds.size, 1))
+    errs = {}
+    for online in (False, True):
+        f = feed(load_default("narx", online=online), speeds, feats)
+        errs[online] = np.mean(np.abs(f[-200:-1] - speeds[-199:]) / speeds[-199:])
+    assert errs[True] < errs[False]
+
+
+def test_trace_round_trip(tmp_path):
+    rows = [dict({"step": i, "time": 1.0 * i, "batch": 8, "step_time": 0.01, "speed": 800.0 + i, "quota": 1.0,
+                  "hog": 0, "mem": 0}, **dict(zip(FEATURES, NEUTRAL))) for i in range(5)]
+    write_trace(tmp_path / "t.csv.gz", rows, ["made by a test"])
+    t = read_trace(tmp_path / "t.csv.gz")
+    assert t["comments"] == ["made by a test"] and t["speed"].tolist() == [800, 801, 802, 803, 804]
+    assert t["features"].shape == (5, len(FEATURES))
+
+
+def test_evaluation_on_a_committed_trace():
+    from predictor.evaluate import evaluate, format_table
+
+    path = os.path.join(TRACE_DIR, "hog_mlp_b32.csv.gz")
+    table, per_trace = evaluate([path], rows=("last", "ema", "narx", "oracle"))
+    assert per_trace["hog_mlp_b32"]["steps"] > 1000 and per_trace["hog_mlp_b32"]["changes"] > 20
+    assert all(0 < table[name]["dynamic"] < 100 for name in table)
+    assert table["oracle"]["change"] < table["last"]["change"], "knowing the state beats lagging at changes"
+    assert "narx" in format_table(table)
+
+
+def test_training_command_writes_loadable_models(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "predictor.train", "--quick", "--traces",
+                           os.path.join(TRACE_DIR, "hog_cnn_b64.csv.gz"), "--out-dir", str(tmp_path)],
+                          cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    narx, arx = load(tmp_path / "narx_default.npz"), load(tmp_path / "arx_default.npz")
+    assert narx.meta["traces"] == ["hog_cnn_b64.csv.gz"] and len(narx.meta["candidates"]) == 2
+    speeds = rng.uniform(900, 1100, 30)
+    assert np.isfinite(feed(narx, speeds, rng.uniform(0, 1, (30, len(FEATURES))))).all()
+    assert np.isfinite(feed(arx, speeds)).all()
