@@ -53,7 +53,8 @@ def plot_all(out_dir, results):
                                                  for s in steps.values()]), axis=0)[1:])
         else:
             times.append(np.array([1e3 * results[label]["epoch_time"]]))
-    ax1.boxplot(times, labels=labels, showfliers=False)
+    ax1.boxplot(times, showfliers=False)
+    ax1.set_xticks(range(1, len(labels) + 1), labels)
     ax1.set_ylabel("iteration time (ms)")
     ax1.tick_params(axis="x", rotation=30, labelsize=8)
     ax1.set_title("iteration time (slowest worker per step)", fontsize=9)

@@ -6,6 +6,8 @@ level L_t is the median of the last `level_span` speeds. The target is
 log(v_{t+1} / L_t), so a forecast is L_t * exp(prediction): multiplying all
 speeds by a constant multiplies the forecast by the same constant.
 """
+import math
+
 import numpy as np
 
 from .telemetry import FEATURES, NEUTRAL
@@ -49,23 +51,29 @@ class WindowSpec:
 
     def _clean_features(self, feats):
         feats = np.asarray(feats, dtype=np.float64)
-        bad = ~np.isfinite(feats)
-        if bad.any():
-            feats = np.where(bad, np.broadcast_to(NEUTRAL, feats.shape), feats)
+        if not np.isfinite(feats).all():
+            feats = np.where(np.isfinite(feats), feats, np.broadcast_to(NEUTRAL, feats.shape))
         return np.clip(feats[..., self._columns], -FEATURE_CLIP, FEATURE_CLIP)
 
     def window(self, speeds, features):
-        """(level, window of shape (delays, width)) from the newest history, or None when it is unusable."""
-        speeds = np.asarray(speeds, dtype=np.float64)
-        if speeds.size < self.history_needed:
+        """(level, window of shape (delays, width)) from the newest history, or None when it is unusable.
+
+        Called at every training step, so it avoids numpy for the tiny median.
+        """
+        if len(speeds) < self.history_needed:
             return None
-        recent = speeds[-self.history_needed:]
-        if not np.all(np.isfinite(recent) & (recent > 0)):
+        recent = list(speeds)[-self.history_needed:]
+        if not all(v > 0 and v != math.inf for v in recent):  # NaN > 0 is False
             return None
-        level = float(np.median(recent[-self.level_span:]))
-        ratios = np.clip(np.log(recent[-self.delays:] / level), -LOG_CLIP, LOG_CLIP)
-        feats = np.asarray([NEUTRAL if f is None else f for f in list(features)[-self.delays:]], dtype=np.float64)
-        return level, np.column_stack([ratios, self._clean_features(feats)])
+        tail = sorted(recent[-self.level_span:])
+        mid = len(tail) // 2
+        level = tail[mid] if len(tail) % 2 else 0.5 * (tail[mid - 1] + tail[mid])
+        out = np.empty((self.delays, self.width))
+        np.log(np.array(recent[-self.delays:]) / level, out=out[:, 0])
+        np.clip(out[:, 0], -LOG_CLIP, LOG_CLIP, out=out[:, 0])
+        rows = [NEUTRAL if f is None else f for f in list(features)[-self.delays:]]
+        out[:, 1:] = self._clean_features(rows)
+        return level, out
 
     def dataset(self, speeds, features):
         """All (window, target) pairs of one trace: X of shape (n, delays, width), y of shape (n,).

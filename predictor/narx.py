@@ -40,13 +40,13 @@ def gru_forward(window, kernel, recurrent_kernel, bias):
     """Final hidden state of a Keras GRU (reset_after=True, sigmoid/tanh) over `window` (steps, inputs)."""
     units = recurrent_kernel.shape[0]
     x_proj = window @ kernel + bias[0]
+    gates, inputs = x_proj[:, :2 * units], x_proj[:, 2 * units:]
     h = np.zeros(units)
-    for x_t in x_proj:
+    for gate_in, cand_in in zip(gates, inputs):
         rec = h @ recurrent_kernel + bias[1]
-        z = _sigmoid(x_t[:units] + rec[:units])
-        r = _sigmoid(x_t[units:2 * units] + rec[units:2 * units])
-        cand = np.tanh(x_t[2 * units:] + r * rec[2 * units:])
-        h = z * h + (1.0 - z) * cand
+        zr = _sigmoid(gate_in + rec[:2 * units])
+        cand = np.tanh(cand_in + zr[units:] * rec[2 * units:])
+        h = cand + zr[:units] * (h - cand)  # z * h + (1 - z) * cand
     return h
 
 

@@ -4,8 +4,8 @@ Worker i scales its mean-loss gradient g_i by b_i / B before a Horovod
 sum-allreduce, so every worker applies sum_i (b_i / B) g_i: the gradient a
 single machine would compute on all B samples. The same graph notes when the
 local gradients exist and when the allreduce is done (so the callback can
-split a step into busy and wait time), and allgathers each worker's small
-stats row in the same Horovod cycle as the gradients, which saves a
+split a step into busy and wait time), and exchanges each worker's small
+stats row inside the same fused sum-allreduce as the gradients, which saves a
 collective per step.
 """
 import time
@@ -30,12 +30,14 @@ class BalanceState:
     none of this ends up in the user's checkpoints or saved models.
     """
 
-    def __init__(self, size):
+    def __init__(self, rank, size):
         self.size = int(size)
         with tf.init_scope():
             self.scale = tf.Variable(1.0 / size, trainable=False, dtype=tf.float32, name="lbbsp_scale")
         self._scale_value = 1.0 / size
+        self.rank = int(rank)
         self.outbox = np.full(len(OUTBOX_FIELDS), np.nan)
+        self._rows = np.zeros((self.size, len(ROW_FIELDS)), dtype=np.float32)
         self.gathered = np.full((self.size, len(ROW_FIELDS)), np.nan)
         self.begin = None
         self.ready = self.done = float("nan")
@@ -53,10 +55,13 @@ class BalanceState:
         self.begin = time.time() if now is None else now
 
     def on_ready(self):
-        """Graph callback when the local gradients exist: this worker's stats row for the allgather."""
+        """Graph callback when the local gradients exist: this worker's stats row in an (N, 4) matrix of zeros."""
         self.ready = time.time()
         begin = self.begin if self.begin is not None else self.ready
-        return np.append(self.outbox, self.ready - begin)
+        self._rows[:] = 0.0
+        self._rows[self.rank, :-1] = self.outbox
+        self._rows[self.rank, -1] = self.ready - begin
+        return self._rows
 
     def on_done(self, gathered):
         """Graph callback when the allreduce and the allgather are done."""
@@ -80,21 +85,23 @@ def _tensor_of(grad):
 
 
 def _reduce(optimizer, grads):
-    """Scale, sum-allreduce and time the gradients; gather the stats rows. Runs inside the train graph.
+    """Scale, sum-allreduce and time the gradients; exchange the stats rows. Runs inside the train graph.
 
     Each gradient is reduced as soon as it exists (Horovod fuses them), so
-    communication still overlaps with the rest of the backward pass.
+    communication still overlaps with the rest of the backward pass. The
+    stats rows travel in the same sum-allreduce: rank i writes its row into
+    row i of an (N, 4) float32 matrix of zeros, so the sum holds every rank's
+    row and Horovod fuses it with the gradients: no extra collective.
     """
     state = optimizer._lbbsp_state
     compression = optimizer._lbbsp_compression
     with tf.control_dependencies([_tensor_of(g) for g in grads if g is not None]):
-        row = tf.numpy_function(state.on_ready, [], tf.float64, stateful=True, name="lbbsp_ready")
-    row = tf.reshape(row, [1, len(ROW_FIELDS)])
-    gathered = hvd.allgather(row, name="lbbsp_stats")
+        row = tf.numpy_function(state.on_ready, [], tf.float32, stateful=True, name="lbbsp_ready")
+    rows = hvd.allreduce(tf.reshape(row, [state.size, len(ROW_FIELDS)]), op=hvd.Sum, name="lbbsp_stats")
     reduced = [None if g is None else hvd.allreduce(_scale(g, state.scale), op=hvd.Sum, compression=compression)
                for g in grads]
-    with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [gathered]):
-        done = tf.numpy_function(state.on_done, [gathered], tf.float64, stateful=True, name="lbbsp_done")
+    with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [rows]):
+        done = tf.numpy_function(state.on_done, [rows], tf.float64, stateful=True, name="lbbsp_done")
     with tf.control_dependencies([done]):
         return [
             None if g is None
@@ -144,10 +151,13 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
 
         methods = {"compute_gradients": compute_gradients}
 
+    # Same name, module and qualname as the base class: Keras records these when saving, so a saved
+    # model refers to the plain optimizer and loads without lbbsp.
+    methods.update(__module__=base.__module__, __qualname__=base.__qualname__)
     cls = type(base.__name__, (base,), methods)
     wrapped = cls.from_config(optimizer.get_config())
     # Plain attributes set through object.__setattr__ stay invisible to Keras' tracking.
-    object.__setattr__(wrapped, "_lbbsp_state", BalanceState(hvd.size()))
+    object.__setattr__(wrapped, "_lbbsp_state", BalanceState(hvd.rank(), hvd.size()))
     object.__setattr__(wrapped, "_lbbsp_compression", compression)
     object.__setattr__(wrapped, "_lbbsp_sparse_as_dense", bool(sparse_as_dense))
     return wrapped
