@@ -190,6 +190,8 @@ class Rebalancer:
             self.batches = self._allocate(self.batches.astype(np.float64))
         speeds = sanitize_speeds(speeds)
         target = self._allocate(speeds)
+        if np.array_equal(target, self.batches):
+            return self.batches.copy()  # balanced already: the common case in steady state
         now = predicted_step_time(self.batches, speeds)
         best = predicted_step_time(target, speeds)
         if now <= 0 or (now - best) / now <= self.min_gain:

@@ -32,21 +32,38 @@ MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 FORMAT_VERSION = 1
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
 def gru_forward(window, kernel, recurrent_kernel, bias):
-    """Final hidden state of a Keras GRU (reset_after=True, sigmoid/tanh) over `window` (steps, inputs)."""
+    """Final hidden state of a Keras GRU (reset_after=True, sigmoid/tanh) over `window` (steps, inputs).
+
+    Runs at every training step: the arithmetic is done in place in a few
+    preallocated buffers, since on small arrays numpy's per-call cost dominates.
+    """
     units = recurrent_kernel.shape[0]
-    x_proj = window @ kernel + bias[0]
-    gates, inputs = x_proj[:, :2 * units], x_proj[:, 2 * units:]
+    x_proj = window @ kernel
+    x_proj += bias[0]
+    rec = np.empty(3 * units)
+    zr = np.empty(2 * units)
+    cand = np.empty(units)
     h = np.zeros(units)
-    for gate_in, cand_in in zip(gates, inputs):
-        rec = h @ recurrent_kernel + bias[1]
-        zr = _sigmoid(gate_in + rec[:2 * units])
-        cand = np.tanh(cand_in + zr[units:] * rec[2 * units:])
-        h = cand + zr[:units] * (h - cand)  # z * h + (1 - z) * cand
+    first = True
+    for x_t in x_proj:
+        if first:
+            rec[:] = bias[1]  # h is zero
+            first = False
+        else:
+            np.dot(h, recurrent_kernel, out=rec)
+            rec += bias[1]
+        np.add(x_t[:2 * units], rec[:2 * units], out=zr)
+        np.negative(zr, out=zr)
+        np.exp(zr, out=zr)
+        zr += 1.0
+        np.reciprocal(zr, out=zr)  # sigmoid
+        np.multiply(zr[units:], rec[2 * units:], out=cand)
+        cand += x_t[2 * units:]
+        np.tanh(cand, out=cand)
+        h -= cand
+        h *= zr[:units]
+        h += cand  # z * h + (1 - z) * cand
     return h
 
 
