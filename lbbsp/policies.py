@@ -217,13 +217,14 @@ class LBBSPPolicy(Policy):
     name = "lbbsp"
     uses_forecast = True
 
-    def __init__(self, min_gain=0.02, min_step=0.125):
-        self.min_gain, self.min_step = min_gain, min_step
-        Rebalancer(1, 1, min_gain=min_gain, min_step=min_step)  # validates the arguments now
+    def __init__(self, min_gain=0.02, min_step=0.125, rounding="time"):
+        self.min_gain, self.min_step, self.rounding = min_gain, min_step, rounding
+        Rebalancer(1, 1, min_gain=min_gain, min_step=min_step, rounding=rounding)  # validates the arguments now
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         batches = super().start(num_workers, global_batch, b_min, b_max)
-        self._rebalancer = Rebalancer(num_workers, global_batch, b_min, b_max, self.min_gain, self.min_step)
+        self._rebalancer = Rebalancer(num_workers, global_batch, b_min, b_max, self.min_gain, self.min_step,
+                                      self.rounding)
         return batches
 
     def _speeds(self, stats):

@@ -25,11 +25,14 @@ def problems(draw, speeds=speed):
     return v, global_batch, b_min, b_max
 
 
-@given(problems(weird))
+ROUNDING = st.sampled_from(["remainder", "time"])
+
+
+@given(problems(weird), ROUNDING)
 @settings(max_examples=400, deadline=None)
-def test_sum_and_bounds_hold_for_any_speeds(problem):
+def test_sum_and_bounds_hold_for_any_speeds(problem, rounding):
     v, global_batch, b_min, b_max = problem
-    b = allocate(v, global_batch, b_min, b_max)
+    b = allocate(v, global_batch, b_min, b_max, rounding=rounding)
     assert b.dtype == np.int64 and b.shape == v.shape
     assert int(b.sum()) == global_batch
     assert (b >= b_min).all()
@@ -37,33 +40,42 @@ def test_sum_and_bounds_hold_for_any_speeds(problem):
         assert (b <= b_max).all()
 
 
-@given(problems())
+@given(problems(), ROUNDING)
 @settings(max_examples=300, deadline=None)
-def test_within_one_sample_of_the_real_shares(problem):
+def test_within_one_sample_of_the_real_shares(problem, rounding):
     v, global_batch, b_min, b_max = problem
     upper = global_batch if b_max is None else b_max
     x = proportional_shares(v, global_batch, b_min, upper)
     assert abs(x.sum() - global_batch) < 1e-6 * global_batch
-    assert np.all(np.abs(allocate(v, global_batch, b_min, b_max) - x) < 1.0 + 1e-9)
+    assert np.all(np.abs(allocate(v, global_batch, b_min, b_max, rounding=rounding) - x) < 1.0 + 1e-9)
 
 
 @given(problems())
 @settings(max_examples=300, deadline=None)
-def test_monotone_in_speed_with_common_bounds(problem):
+def test_time_rounding_never_makes_the_step_longer(problem):
+    v, global_batch, b_min, b_max = problem
+    by_time = allocate(v, global_batch, b_min, b_max, rounding="time")
+    by_remainder = allocate(v, global_batch, b_min, b_max)
+    assert predicted_step_time(by_time, v) <= predicted_step_time(by_remainder, v) * (1 + 1e-12)
+
+
+@given(problems(), ROUNDING)
+@settings(max_examples=300, deadline=None)
+def test_monotone_in_speed_with_common_bounds(problem, rounding):
     v, global_batch, b_min, _ = problem
-    b = allocate(v, global_batch, b_min)
+    b = allocate(v, global_batch, b_min, rounding=rounding)
     order = np.argsort(v, kind="stable")
     for lo, hi in zip(order[:-1], order[1:]):
         if v[hi] > v[lo]:
             assert b[hi] >= b[lo]
 
 
-@given(problems(weird))
+@given(problems(weird), ROUNDING)
 @settings(max_examples=200, deadline=None)
-def test_deterministic(problem):
+def test_deterministic(problem, rounding):
     v, global_batch, b_min, b_max = problem
-    first = allocate(v.copy(), global_batch, b_min, b_max)
-    assert np.array_equal(first, allocate(v.copy(), global_batch, b_min, b_max))
+    first = allocate(v.copy(), global_batch, b_min, b_max, rounding=rounding)
+    assert np.array_equal(first, allocate(v.copy(), global_batch, b_min, b_max, rounding=rounding))
 
 
 @given(st.integers(1, 16), st.integers(1, 500))
@@ -132,6 +144,17 @@ def test_rebalancer_reaches_the_balanced_allocation_under_steady_speeds(v, seed)
     v = np.asarray(v)
     # Within one sample's time of the continuous optimum T* = B / sum(v).
     assert predicted_step_time(b, v) <= 300 / v.sum() + 1 / v.min() + 1e-9
+
+
+def test_time_rounding_example():
+    # Shares [1.4, 1.4, 4.2]: largest remainder gives the extra sample to worker 0 (step 2.0 s),
+    # time rounding to worker 2, whose step grows least (step 1.67 s).
+    v = [1.0, 1.0, 3.0]
+    assert allocate(v, 7).tolist() == [2, 1, 4]
+    assert allocate(v, 7, rounding="time").tolist() == [1, 1, 5]
+    assert predicted_step_time([1, 1, 5], v) < predicted_step_time([2, 1, 4], v)
+    with pytest.raises(ValueError, match="rounding='up'"):
+        allocate([1.0], 3, rounding="up")
 
 
 def test_rebalancer_bad_arguments():
