@@ -52,14 +52,15 @@ def plot_all(out_dir, results):
             times.append(1e3 * np.max(np.vstack([s["step_time"][:min(len(v["step_time"]) for v in steps.values())]
                                                  for s in steps.values()]), axis=0)[1:])
         else:
-            times.append(np.array([1e3 * results[label]["epoch_time"]]))
+            # No per-step record (plain Horovod): its mean step time.
+            times.append(np.array([1e3 * results[label]["global_batch"] / results[label]["throughput"]]))
     ax1.boxplot(times, showfliers=False)
     ax1.set_xticks(range(1, len(labels) + 1), labels)
     ax1.set_ylabel("iteration time (ms)")
     ax1.tick_params(axis="x", rotation=30, labelsize=8)
     ax1.set_title("iteration time (slowest worker per step)", fontsize=9)
-    idle = [100 * (results[v].get("idle_fraction") or 0) for v in labels]
-    ax2.bar(labels, idle, color="tab:orange")
+    measured = [v for v in labels if results[v].get("idle_fraction") is not None]
+    ax2.bar(measured, [100 * results[v]["idle_fraction"] for v in measured], color="tab:orange")
     ax2.set_ylabel("idle fraction (%)")
     ax2.tick_params(axis="x", rotation=30, labelsize=8)
     ax2.set_title("time blocked in the allreduce / wall time", fontsize=9)

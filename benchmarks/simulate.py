@@ -77,7 +77,8 @@ def simulate(cluster, policy, predictor, global_batch, exchange_delay=0, steps_p
         gathered[:, col["wait"]] = compute.max() - compute + cluster.comm
         gathered[:, col["true_speed"]] = cluster.speed[t + 1]
         if forecasters is not None:
-            fresh = np.array([f.update(speeds[w], cluster.features[t, w]) for w, f in enumerate(forecasters)])
+            fresh = np.array([f.update(speeds[w], cluster.features[t, w], batches[w])
+                              for w, f in enumerate(forecasters)])
             # Fused exchange: decisions use the forecasts sent one step earlier.
             gathered[:, col["forecast"]] = forecasts if exchange_delay else fresh
             forecasts = fresh

@@ -39,10 +39,20 @@ class GuardedPredictor:
     An exception or a forecast that is NaN, inf or <= 0 is replaced by the last
     good forecast (or, before any, the last measured speed), with one warning
     per kind of failure.
+
+    A worker's measured speed depends on its own batch (fixed per-step costs
+    weigh more on small batches), so when the balancer moves the batch by more
+    than `batch_reset` (relative) the speed history no longer describes the
+    new regime: the predictor restarts from the new measurements (a learned
+    predictor falls back to its EMA until it has a full window again).
+    Without this, smoothing over the old regime delays convergence.
     """
 
-    def __init__(self, predictor):
+    def __init__(self, predictor, batch_reset=0.1):
+        if not isinstance(batch_reset, (int, float)) or batch_reset <= 0:
+            raise ValueError(f"batch_reset={batch_reset!r} is not allowed: it must be a number > 0")
         self.predictor = make_predictor(predictor)
+        self.batch_reset = float(batch_reset)
         self._warned = set()
         self.reset()
 
@@ -57,7 +67,12 @@ class GuardedPredictor:
     def reset(self):
         self.last_good = float("nan")
         self.last_speed = float("nan")
+        self.last_batch = None
         self.failures = 0
+        self.restarts = 0
+        self._restart()
+
+    def _restart(self):
         try:
             self.predictor.reset()
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
@@ -69,8 +84,13 @@ class GuardedPredictor:
             self._warned.add(kind)
             log.warning("%s; falling back to the last good forecast (warned once)", message)
 
-    def update(self, speed, features=None):
-        """Feed one measurement and return the forecast of the next step's speed (NaN if nothing is known)."""
+    def update(self, speed, features=None, batch=None):
+        """Feed one measurement (taken at `batch` samples) and return the forecast of the next step's speed."""
+        if batch is not None:
+            if self.last_batch is not None and abs(batch / self.last_batch - 1.0) > self.batch_reset:
+                self._restart()
+                self.restarts += 1
+            self.last_batch = float(batch)
         if is_valid_speed(speed):
             self.last_speed = float(speed)
         try:
@@ -113,11 +133,11 @@ class BalanceController:
         self._epoch_rows = []
         return self.batches.copy()
 
-    def forecast(self, speed, features=None):
+    def forecast(self, speed, features=None, batch=None):
         """Local step: feed the guarded predictor; NaN while warming up or without a forecasting policy."""
         if self.predictor is None or self.steps_seen < self.warmup_steps:
             return float("nan")
-        return self.predictor.update(speed, features)
+        return self.predictor.update(speed, features, batch)
 
     def decide(self, epoch, step, gathered):
         """Batches for the step after (epoch, step) from the gathered (N, 4) matrix.

@@ -148,7 +148,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         wait = state.done - state.ready
         speed = local / compute if compute > 0 else float("nan")
         features = self._telemetry.sample() if self._telemetry is not None else None
-        forecast = self.controller.forecast(speed, features)
+        forecast = self.controller.forecast(speed, features, local)
         true = float(self.true_speed_fn(self._epoch, batch + 1)) if self.true_speed_fn else float("nan")
         if self.exchange == "eager":
             row = tf.constant([[forecast, wait, true, compute]], dtype=tf.float64)
