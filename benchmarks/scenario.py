@@ -12,6 +12,7 @@
     events:                  # optional, seconds after training starts
       - {at: 10, worker: 1, speed: 0.25}
       - {at: 20, worker: 0, hog: true}
+    period: 30               # optional: the events repeat every 30 s (from the initial speeds)
 
 A worker of relative speed s runs under a cgroup CPU quota of s * scale
 cores (what `docker --cpus` does); a `hog` event switches a busy process on
@@ -66,6 +67,11 @@ class Scenario:
                 raise ValueError(f"{source}: event {event!r}: speed must be in (0, 1]")
             self.events.append(dict(event))
         self.events.sort(key=lambda e: e["at"])
+        period = data.get("period")
+        if period is not None and (not isinstance(period, (int, float)) or isinstance(period, bool) or
+                                   period <= 0 or (self.events and self.events[-1]["at"] >= period)):
+            raise ValueError(f"{source}: period={period!r} is not allowed: a number of seconds after the last event")
+        self.period = None if period is None else float(period)
 
     @classmethod
     def load(cls, path):
@@ -88,6 +94,8 @@ class Scenario:
     def state(self, worker, elapsed):
         """(relative speed, hog on?) of `worker` at `elapsed` seconds after the start."""
         speed, hog = self.speeds[worker], False
+        if self.period:
+            elapsed %= self.period
         for event in self.events:
             if event["at"] > elapsed:
                 break

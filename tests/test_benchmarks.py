@@ -24,8 +24,9 @@ def test_shipped_scenarios_load():
     s = Scenario.load("static-4")
     assert s.ideal_speedup() == pytest.approx(2.75 / 1.0)
     d = Scenario.load("dynamic-2")
-    assert d.true_speed(1, 5.0) == pytest.approx(0.33 * 0.9) and d.state(0, 17.0) == (1.0, True)
-    assert d.true_speed(0, 17.0) == pytest.approx(0.5), "a hog leaves half the core"
+    assert d.true_speed(1, 1.0) == pytest.approx(0.33 * 0.9) and d.state(0, 3.0) == (1.0, True)
+    assert d.true_speed(0, 3.0) == pytest.approx(0.5), "a hog leaves half the core"
+    assert d.state(1, 6.0 + 1.0) == d.state(1, 1.0) and d.state(0, 6.2) == (1.0, False), "the pattern repeats"
 
 
 @pytest.mark.parametrize("patch, message", [
@@ -34,6 +35,7 @@ def test_shipped_scenarios_load():
     ({"workload": "resnet"}, "workload='resnet'"),
     ({"events": [{"at": 1, "worker": 9, "speed": 0.5}]}, "event"),
     ({"epochs": 1}, "epochs=1"),
+    ({"period": 0.5, "events": [{"at": 1, "worker": 0, "speed": 0.5}]}, "period=0.5"),
 ])
 def test_bad_scenarios_name_the_value(patch, message):
     data = {"name": "x", "workers": 2, "workload": "mlp", "global_batch": 64, "epochs": 3, "scale": 0.5,
