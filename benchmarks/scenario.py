@@ -47,7 +47,7 @@ class Scenario:
         self.description = str(data.get("description", ""))
         self.workers = need("workers", int, lambda v: v >= 1, "an integer >= 1")
         self.workload = need("workload", str, lambda v: v in ("mlp", "cnn"), "'mlp' or 'cnn'")
-        self.global_batch = need("global_batch", int, lambda v: v >= self.workers, f"an integer >= workers")
+        self.global_batch = need("global_batch", int, lambda v: v >= self.workers, "an integer >= workers")
         self.epochs = need("epochs", int, lambda v: v >= 2, "an integer >= 2 (the first epoch is warm-up)")
         self.hidden = data.get("hidden", 512)
         self.scale = float(need("scale", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]"))

@@ -1,7 +1,7 @@
 """Property tests of the allocator: sum, bounds, monotonicity, determinism, bad speeds, bad input."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbsp.allocation import Rebalancer, allocate, predicted_step_time, proportional_shares, sanitize_speeds

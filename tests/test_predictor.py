@@ -6,7 +6,6 @@ import time
 import numpy as np
 import pytest
 
-import predictor
 from predictor import EMAPredictor, LastValuePredictor, make_predictor
 from predictor.features import DEFAULT_SPEC, WindowSpec
 from predictor.narx import ARXPredictor, NARXPredictor, gru_forward, load, load_default, save

@@ -17,7 +17,7 @@ def init_worker():
     return hvd, tf
 
 
-def test_predictors():
+def make_test_predictors():
     """Predictors for the tests: one that jumps at random, one that fails in every way it can."""
     import numpy as np
 

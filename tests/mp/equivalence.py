@@ -3,7 +3,6 @@
 Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13)
 """
 import json
-import os
 import sys
 
 import numpy as np

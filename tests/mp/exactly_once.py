@@ -11,14 +11,14 @@ import sys
 
 import numpy as np
 
-from _common import init_worker, test_predictors
+from _common import init_worker, make_test_predictors
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
 
 out_path, exchange, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-RandomPredictor, FailingPredictor = test_predictors()
+RandomPredictor, FailingPredictor = make_test_predictors()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
 read = []
