@@ -113,6 +113,11 @@ def proportional_shares(weights, total, lower, upper):
 ROUNDINGS = ("remainder", "time")
 
 
+def _check_rounding(rounding):
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not allowed: use one of {ROUNDINGS}")
+
+
 def _round(x, global_batch, b_min, upper, weights=None):
     """Integer batches from real shares: floor, then hand out what is left one sample at a time.
 
@@ -145,8 +150,7 @@ def allocate(speeds, global_batch, b_min=1, b_max=None, rounding="remainder"):
     by largest remainder (`rounding="remainder"`) or to the workers whose step
     time grows least (`rounding="time"`); ties go to the lower worker index.
     """
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r} is not allowed: use one of {ROUNDINGS}")
+    _check_rounding(rounding)
     speeds = np.asarray(speeds, dtype=np.float64).reshape(-1)
     global_batch, b_min, upper = validate_bounds(speeds.size, global_batch, b_min, b_max)
     x = proportional_shares(speeds, global_batch, b_min, upper)
@@ -170,15 +174,15 @@ class Rebalancer:
     step time, the undamped target is taken. Rounding defaults to "time" (the
     allocation with the shortest predicted step among those within one sample
     of the shares): at 1024 simulated workers with 64 samples each, the
-    oracle's efficiency is 0.992 with it and 0.944 with largest remainder. State depends only on the inputs, so ranks
-    that feed it the same gathered speeds stay in lockstep.
+    oracle's efficiency is 0.992 with it and 0.944 with largest remainder.
+    State depends only on the inputs, so ranks that feed it the same gathered
+    speeds stay in lockstep.
     """
 
     def __init__(self, num_workers, global_batch, b_min=1, b_max=None, min_gain=0.0, min_step=0.125,
                  rounding="time"):
         validate_bounds(num_workers, global_batch, b_min, b_max)
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding={rounding!r} is not allowed: use one of {ROUNDINGS}")
+        _check_rounding(rounding)
         self.rounding = rounding
         if not (isinstance(min_gain, (int, float)) and 0.0 <= min_gain < 1.0):
             raise ValueError(f"min_gain={min_gain!r} is not allowed: it must be a number in [0, 1)")
@@ -192,7 +196,7 @@ class Rebalancer:
         self.reset(global_batch)
 
     def _allocate(self, weights):
-        weights = sanitize_speeds(weights)
+        """Allocation for weights that are already positive and finite (sanitized speeds, batches, blends)."""
         return _round(proportional_shares(weights, self.global_batch, self.b_min, self._upper),
                       self.global_batch, self.b_min, self._upper, weights if self.rounding == "time" else None)
 

@@ -6,7 +6,6 @@ callback sets the step and the batch sizes before every step; the feed
 records what it served so the callback can check that the batch used at step
 t is the one decided for step t.
 """
-import logging
 import threading
 
 import numpy as np
@@ -15,8 +14,6 @@ from .allocation import validate_bounds
 from .sharding import epoch_permutation, global_batch_schedule, local_indices
 
 __all__ = ["BalancedFeed", "ArraySource", "FunctionSource"]
-
-log = logging.getLogger(__name__)
 
 
 def _flatten(structure):

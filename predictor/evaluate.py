@@ -50,8 +50,13 @@ def forecasts(predictor, trace):
     return out
 
 
+def _states(trace):
+    """(steps, 3) injected state (quota, hog, mem) of a trace; zeros where the recorder did not know it."""
+    return np.column_stack([trace.get(k, np.zeros_like(trace["speed"])) for k in STATE])
+
+
 def _oracle(trace):
-    states = np.column_stack([trace.get(k, np.zeros_like(trace["speed"])) for k in STATE])
+    states = _states(trace)
     out = np.full(trace["speed"].size, np.nan)
     for state in np.unique(states, axis=0):
         mask = np.all(states == state, axis=1)
@@ -60,7 +65,7 @@ def _oracle(trace):
 
 
 def _change_mask(trace):
-    states = np.column_stack([trace.get(k, np.zeros_like(trace["speed"])) for k in STATE])
+    states = _states(trace)
     changes = np.flatnonzero(np.any(states[1:] != states[:-1], axis=1)) + 1
     mask = np.zeros(trace["speed"].size, dtype=bool)
     for c in changes:

@@ -1,5 +1,4 @@
 """The LoadBalancer Keras callback: thin glue between Keras/Horovod and lbbsp.controller."""
-import logging
 import time
 
 import horovod.tensorflow as hvd
@@ -12,8 +11,6 @@ from .global_metrics import global_metric_results
 from .optimizer import is_balanced_optimizer
 
 __all__ = ["LoadBalancer"]
-
-log = logging.getLogger(__name__)
 
 EXCHANGES = ("fused", "eager")
 #: Keys written into the batch logs at every step.

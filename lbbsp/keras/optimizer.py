@@ -64,7 +64,7 @@ class BalanceState:
         return self._rows
 
     def on_done(self, gathered):
-        """Graph callback when the allreduce and the allgather are done."""
+        """Graph callback when the gradient and stats allreduces are done: keep every rank's row."""
         self.done = time.time()
         self.gathered = np.asarray(gathered, dtype=np.float64)
         self.begin = self.done
@@ -133,6 +133,12 @@ def _sparse_to_dense(grads, sparse_as_dense):
     return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
 
+def _reduce_pairs(optimizer, pairs):
+    """(gradient, variable) pairs with the gradients reduced by `_reduce`."""
+    grads, variables = zip(*pairs)
+    return list(zip(_reduce(optimizer, _sparse_to_dense(grads, optimizer._lbbsp_sparse_as_dense)), variables))
+
+
 def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_dense=False, grouped=True):
     """Wrap a Keras optimizer for load-balanced BSP (use instead of `hvd.DistributedOptimizer`).
 
@@ -159,16 +165,12 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
 
     if isinstance(optimizer, legacy_base):
         def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-            pairs = base._compute_gradients(self, loss, var_list, grad_loss=grad_loss, tape=tape)
-            grads, variables = zip(*pairs)
-            return list(zip(_reduce(self, _sparse_to_dense(grads, self._lbbsp_sparse_as_dense)), variables))
+            return _reduce_pairs(self, base._compute_gradients(self, loss, var_list, grad_loss=grad_loss, tape=tape))
 
         methods = {"_compute_gradients": _compute_gradients}
     else:
         def compute_gradients(self, loss, var_list, tape=None):
-            pairs = base.compute_gradients(self, loss, var_list, tape)
-            grads, variables = zip(*pairs)
-            return list(zip(_reduce(self, _sparse_to_dense(grads, self._lbbsp_sparse_as_dense)), variables))
+            return _reduce_pairs(self, base.compute_gradients(self, loss, var_list, tape))
 
         methods = {"compute_gradients": compute_gradients}
 
