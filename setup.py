@@ -13,13 +13,13 @@ def _requirements(name):
 
 setup(
     name="lbbsp",
-    version="0.1.0",
+    version="0.2.0",
     description="Load-balanced BSP for Horovod Keras: per-worker batch sizes from predicted speeds",
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["lbbsp", "lbbsp.*", "predictor", "predictor.*"]),
-    package_data={"predictor": ["models/*.npz"]},
+    package_data={"predictor": ["models/*.npz", "data/traces/*.csv.gz"]},
     install_requires=[r for r in _requirements("runtime.txt") if not r.startswith("tensorflow")],
     extras_require={"dev": _requirements("dev.txt")},
 )

@@ -1,78 +1,51 @@
-"""Run every policy on one scenario back to back and print a table of each one's ratio to plain BSP.
+"""Run every variant on one scenario, repeated and interleaved, and print medians against plain Horovod.
 
-    python -m benchmarks.compare --scenario static-4
-    python -m benchmarks.compare --scenario dynamic-2 --variants equal,lbbsp-ema,lbbsp-narx --epochs 4
+    python -m benchmarks.compare --scenario static-4 --repeats 3
+    python -m benchmarks.compare --scenario step-change-2 --variants horovod,pid,lbbsp-ema,lbbsp-narx,oracle
 
-Variants: horovod (plain Horovod, equal batches, no lbbsp), equal (BSP through
-lbbsp), static, dbs, pid, lbbsp-ema, lbbsp-narx, oracle. Writes, under
---out/<scenario>/: one folder per variant (per-rank step CSVs, summary.json),
-table.md, results.json and PNG plots.
+Each round runs every variant once (the order rotates from round to round so
+that no variant always follows the same one); the oracle runs last in a round,
+with the step-time curves measured so far in this comparison. Every table
+shows plain Horovod first, medians over the rounds with their min-max spread,
+and speedups relative to plain Horovod; a difference smaller than the spread
+is called a tie. Writes under --out/<scenario>/: one folder per variant and
+round (per-rank step CSVs, summary.json, log), curves.json, table.md,
+results.json and PNG plots.
 """
 import argparse
+import csv
+import glob
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
 import time
 
+import numpy as np
+
+from .oracle import CurveBook, fit_curves, save_curves
+from .progress import Progress
 from .scenario import Scenario, list_scenarios
+from .variants import VARIANTS
 
-VARIANTS = {
-    "horovod": ("horovod", None),
-    "equal": ("equal", None),
-    "static": ("static", None),
-    "dbs": ("dbs", None),
-    "pid": ("pid", None),
-    "lbbsp-ema": ("lbbsp", "ema"),
-    "lbbsp-narx": ("lbbsp", "narx"),
-    "oracle": ("oracle", None),
-}
-BASELINE = "equal"
+BASE = "horovod"
 
 
-class Progress:
-    """A one-line progress bar over all epochs of all variants (plain lines when not on a terminal)."""
-
-    def __init__(self, total, stream=sys.stderr):
-        self.total, self.done, self.stream = total, 0, stream
-        self.start = time.monotonic()
-        self.tty = stream.isatty()
-        self._last = None
-
-    def show(self, label, extra=0):
-        done = self.done + extra
-        elapsed = time.monotonic() - self.start
-        eta = elapsed / done * (self.total - done) if done else float("nan")
-        width = 30
-        fill = int(width * done / self.total)
-        line = (f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} epochs  {label:<11} "
-                f"elapsed {elapsed:5.0f}s  eta {eta:5.0f}s" if math.isfinite(eta) else
-                f"[{'.' * width}] 0/{self.total} epochs  {label:<11} elapsed {elapsed:5.0f}s")
-        if line == self._last:
-            return
-        self._last = line
-        self.stream.write(("\r" + line) if self.tty else (line + "\n"))
-        self.stream.flush()
-
-    def finish(self):
-        if self.tty:
-            self.stream.write("\n")
-
-
-def run_variant(scenario, label, args, out_dir, progress):
+def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None):
+    """One horovodrun of the variant; returns its summary.json."""
     policy, predictor = VARIANTS[label]
-    run_dir = os.path.join(out_dir, label)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
     hosts = args.hosts or f"localhost:{scenario.workers}"
     cmd = [launcher, "-np", str(scenario.workers), "-H", hosts, "--gloo",
            sys.executable, "-m", "benchmarks.worker", "--scenario", scenario.source, "--policy", policy,
-           "--out-dir", run_dir, "--exchange", args.exchange]
+           "--out-dir", run_dir, "--seed", str(seed)]
     if predictor:
         cmd += ["--predictor", predictor]
+    if curves_path:
+        cmd += ["--curves", curves_path]
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
     if args.emulate:
@@ -82,12 +55,12 @@ def run_variant(scenario, label, args, out_dir, progress):
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     log_path = os.path.join(run_dir, "log.txt")
+    progress_file = os.path.join(run_dir, "progress")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        progress_file = os.path.join(run_dir, "progress")
         while proc.poll() is None:
             done = len(open(progress_file).read().split()) if os.path.exists(progress_file) else 0
-            progress.show(label, done)
+            progress.update(label, done)
             time.sleep(0.5)
     if proc.returncode != 0:
         tail = open(log_path).read()[-3000:]
@@ -96,49 +69,100 @@ def run_variant(scenario, label, args, out_dir, progress):
         return json.load(fh)
 
 
+def curve_records(out_dir):
+    """(worker, speed, hog, batch, compute) of every lbbsp-run step so far (first epoch excluded)."""
+    records = []
+    for path in glob.glob(os.path.join(out_dir, "*", "r*", "steps_rank*.csv")):
+        if os.sep + "oracle" + os.sep in path:
+            continue
+        with open(path) as fh:
+            for row in csv.DictReader(fh):
+                if int(row["epoch"]) >= 1:
+                    records.append((int(row["rank"]), float(row["state_speed"]), row["state_hog"] == "True",
+                                    float(row["batch_size"]), float(row["compute"])))
+    return records
+
+
+def _median(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return (float(np.median(values)), float(min(values)), float(max(values))) if values else (None, None, None)
+
+
 def _fmt(value, spec, scale=1.0):
     return "-" if value is None else format(value * scale, spec)
 
 
-def table(results, scenario):
-    """Markdown table of the variants, with ratios to the BSP baseline."""
-    base = results.get(BASELINE) or next(iter(results.values()))
+def ideal_rows(scenario, curves, results, steps_per_epoch, epochs):
+    """Reachable ideal and hindsight-best static split from the measured curves, as epoch times."""
+    book = CurveBook(scenario, curves)
+    allreduce = [np.median([np.min(r["breakdown"]["allreduce"]) for r in runs if r.get("breakdown")])
+                 for label, runs in results.items() if label != BASE and any(r.get("breakdown") for r in runs)]
+    comm = 1e-3 * float(np.min(allreduce)) if allreduce else 0.0
+    steps = range(steps_per_epoch, steps_per_epoch * epochs)  # the measured epochs
+    reach = float(np.mean([book.reachable_step(s, scenario.global_batch) for s in steps]))
+    split, static = book.best_static_split(list(steps), scenario.global_batch)
+    equal = float(np.mean([book.equal_step(s, scenario.global_batch) for s in steps]))
+    return {
+        "reachable ideal": steps_per_epoch * (reach + comm),
+        "best static split": steps_per_epoch * (static + comm),
+        "equal (model)": steps_per_epoch * (equal + comm),
+    }, split, comm
+
+
+def table(results, scenario, ideals=None):
+    """Markdown: medians over rounds [min-max], plain Horovod first and the base of every ratio."""
+    base = results.get(BASE)
+    base_time = _median(base, "epoch_time")[0] if base else None
     lines = [
-        "| variant | epoch time (s) | speedup vs BSP | throughput (samples/s) | eta | idle % | straggler "
-        "| mean batch per worker | final acc | time to acc (s) |",
+        "| variant | epoch time s, median [min-max] | speedup vs Horovod | vs Horovod | eta | idle % "
+        "| compute share | mean batch per worker | final acc | callback ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, r in results.items():
-        speedup = base["epoch_time"] / r["epoch_time"]
-        batches = "-" if not r.get("mean_batch") else " / ".join(f"{b:.0f}" for b in r["mean_batch"])
+    base_range = _median(base, "epoch_time")[1:] if base else None
+    for label, runs in results.items():
+        med, lo, hi = _median(runs, "epoch_time")
+        speedup = f"{base_time / med:.2f}x" if base_time else "-"
+        verdict = "-"
+        if base_range and label != BASE:
+            verdict = "faster" if hi < base_range[0] else "slower" if lo > base_range[1] else "tie"
+        batches = [r["mean_batch"] for r in runs if r.get("mean_batch")]
+        batch_text = " / ".join(f"{b:.0f}" for b in np.median(batches, axis=0)) if batches else "-"
         lines.append(
-            f"| {label} | {r['epoch_time']:.2f} | {speedup:.2f}x | {r['throughput']:.0f} | "
-            f"{_fmt(r.get('efficiency'), '.3f')} | {_fmt(r.get('idle_fraction'), '.1f', 100)} | "
-            f"{_fmt(r.get('straggler'), '.2f')} | {batches} | {_fmt(r.get('final_accuracy'), '.3f')} | "
-            f"{_fmt(r.get('time_to_accuracy'), '.1f')} |"
+            f"| {label} | {med:.2f} [{lo:.2f}-{hi:.2f}] | {speedup} | {verdict} | "
+            f"{_fmt(_median(runs, 'efficiency')[0], '.3f')} | {_fmt(_median(runs, 'idle_fraction')[0], '.1f', 100)} | "
+            f"{_fmt(_median(runs, 'compute_share')[0], '.2f')} | {batch_text} | "
+            f"{_fmt(_median(runs, 'final_accuracy')[0], '.3f')} | {_fmt(_median(runs, 'overhead_ms')[0], '.2f')} |"
         )
+    for name, value in (ideals or {}).items():
+        lines.append(f"| *{name}* | {value:.2f} | {base_time / value:.2f}x | | | | | | | |" if base_time else
+                     f"| *{name}* | {value:.2f} | - | | | | | | | |")
+    rounds = max(len(runs) for runs in results.values())
     notes = [f"Scenario `{scenario.name}`: {scenario.description.strip()}",
-             f"Heterogeneity: {base['heterogeneity']}. Ideal speedup of perfect balance over BSP "
-             f"(T_bsp / T*, from the injected speeds): {scenario.ideal_speedup():.2f}x."]
-    footer = []
-    plain = results.get("horovod")
-    if plain:
-        steps = max(1, round(plain["throughput"] * plain["epoch_time"] / scenario.global_batch))
-        for label, r in results.items():
-            if label != "horovod":
-                extra = (r["epoch_time"] - plain["epoch_time"]) / steps
-                footer.append(f"{label}: {1e3 * extra:+.2f} ms per step vs plain Horovod "
-                              f"({100 * extra * steps / plain['epoch_time']:+.1f}% of its step time); "
-                              f"callback median {_fmt(r.get('overhead_ms'), '.2f')} ms")
-    return "\n".join(notes + [""] + lines + ([""] + footer if footer else []))
+             f"Heterogeneity: {next(iter(results.values()))[0]['heterogeneity']}. {rounds} interleaved rounds; "
+             "epoch time excludes the first (warm-up) epoch."]
+    return "\n".join(notes + [""] + lines)
+
+
+def breakdown_table(results):
+    """Markdown: per variant and rank, median ms per step of compute / allreduce / waiting / plugin / throttled."""
+    lines = ["| variant | rank | compute | allreduce | waiting | plugin | throttled |", "|---|---|---|---|---|---|---|"]
+    for label, runs in results.items():
+        parts = [r["breakdown"] for r in runs if r.get("breakdown")]
+        if not parts:
+            continue
+        for rank in range(len(parts[0]["compute"])):
+            cells = [f"{np.median([p[name][rank] for p in parts]):.1f}"
+                     for name in ("compute", "allreduce", "waiting", "plugin", "throttled")]
+            lines.append(f"| {label} | {rank} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="static-4", help=f"one of {list_scenarios()} or a YAML path")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 1; 3 or more for medians)")
     parser.add_argument("--epochs", type=int, help="override the scenario's epochs (>= 2)")
-    parser.add_argument("--exchange", default="fused", choices=("fused", "eager"))
     parser.add_argument("--emulate", action="store_true", help="emulated speeds even where cgroups work")
     parser.add_argument("--hosts", help="horovodrun -H list (default: localhost:<workers>)")
     parser.add_argument("--external", action="store_true",
@@ -156,22 +180,50 @@ def main(argv=None):
         parser.error(f"--variants={args.variants!r} is not allowed: unknown {unknown}; use {list(VARIANTS)}")
     if args.epochs is not None and args.epochs < 2:
         parser.error(f"--epochs={args.epochs} is not allowed: it must be >= 2 (the first is warm-up)")
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} is not allowed: it must be >= 1")
+    if "oracle" in labels and args.external:
+        parser.error("--variants with oracle is not allowed with --external: the oracle needs the scenario's states")
     out_dir = os.path.join(args.out, scenario.name)
-    os.makedirs(out_dir, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
     epochs = args.epochs or scenario.epochs
-    progress = Progress(total=epochs * len(labels))
-    results = {}
-    for label in labels:
-        results[label] = run_variant(scenario, label, args, out_dir, progress)
-        progress.done += epochs
-        progress.show(label)
-    progress.finish()
-    text = table(results, scenario)
+    ordered = [BASE] * (BASE in labels) + [v for v in labels if v not in (BASE, "oracle")]
+    progress = Progress(total=args.repeats * len(labels), parts=epochs)
+    results = {label: [] for label in ordered + ["oracle"] * ("oracle" in labels)}
+    curves_path = os.path.join(out_dir, "curves.json")
+    for r in range(args.repeats):
+        shift = r % len(ordered) if ordered else 0
+        round_labels = ordered[shift:] + ordered[:shift] + ["oracle"] * ("oracle" in labels)
+        for label in round_labels:
+            curves = None
+            if label == "oracle":
+                save_curves(curves_path, fit_curves(curve_records(out_dir)))
+                curves = curves_path
+            summary = run_variant(scenario, label, r, args, os.path.join(out_dir, label, f"r{r}"), progress, curves)
+            results[label].append(summary)
+            progress.finished(f"{label} round {r + 1}", f"{summary['epoch_time']:.2f} s/epoch")
+    ideals = None
+    if not args.external and len(labels) > 1:
+        try:
+            curves = fit_curves(curve_records(out_dir))
+            first = results[labels[0]][0]
+            ideals, split, comm = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
+                                             len(first["epoch_times"]))
+            save_curves(curves_path, curves)
+        except ValueError as exc:
+            print(f"no reachable ideal: {exc}", file=sys.stderr)
+    text = table(results, scenario, ideals) + "\n\nPer-step breakdown (ms, median over rounds):\n\n" + \
+        breakdown_table(results)
+    if ideals:
+        text += (f"\n\nReachable ideal: the best split under each worker's step-time curve measured in this run "
+                 f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); best static split "
+                 f"{split.tolist()}.")
     print(text)
     with open(os.path.join(out_dir, "table.md"), "w") as fh:
         fh.write(text + "\n")
     with open(os.path.join(out_dir, "results.json"), "w") as fh:
-        json.dump(results, fh, indent=1)
+        json.dump({"results": results, "ideals": ideals}, fh, indent=1)
     if not args.no_plots:
         from .plots import plot_all
         for path in plot_all(out_dir, results):

@@ -1,4 +1,4 @@
-"""PNG plots of a comparison: per-worker batch sizes over time, iteration time per variant, idle fraction."""
+"""PNG plots of a comparison: per-worker batch sizes over time (first round), epoch time per variant over rounds."""
 import csv
 import glob
 import os
@@ -15,25 +15,26 @@ def _steps(run_dir):
         rank = int(os.path.basename(path)[len("steps_rank"):-4])
         with open(path) as fh:
             rows = list(csv.DictReader(fh))
-        out[rank] = {k: np.array([float(r[k]) for r in rows]) for k in ("batch", "step_time", "time")}
+        out[rank] = {k: np.array([float(r[k]) for r in rows]) for k in ("batch_size", "step_time", "time")}
     return out
 
 
 def plot_all(out_dir, results):
+    """Write the plots of a comparison (`results`: label -> list of run summaries); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    dynamic = [v for v in results if v not in ("horovod", "equal") and _steps(os.path.join(out_dir, v))]
+    dynamic = [v for v in results if v not in ("horovod", "equal") and _steps(os.path.join(out_dir, v, "r0"))]
     if dynamic:
         fig, axes = plt.subplots(len(dynamic), 1, figsize=(9, 2.2 * len(dynamic)), sharex=True, squeeze=False)
         for ax, label in zip(axes[:, 0], dynamic):
-            steps = _steps(os.path.join(out_dir, label))
+            steps = _steps(os.path.join(out_dir, label, "r0"))
             t0 = min(s["time"][0] for s in steps.values())
             for rank, s in sorted(steps.items()):
-                ax.plot(s["time"] - t0, s["batch"], label=f"worker {rank}", lw=1)
+                ax.plot(s["time"] - t0, s["batch_size"], label=f"worker {rank}", lw=1)
             ax.set_ylabel("batch")
             ax.set_title(label, fontsize=9, loc="left")
         axes[0, 0].legend(fontsize=7, ncol=4, loc="upper right")
@@ -45,27 +46,19 @@ def plot_all(out_dir, results):
 
     labels = list(results)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.4))
-    times = []
-    for label in labels:
-        steps = _steps(os.path.join(out_dir, label))
-        if steps:
-            times.append(1e3 * np.max(np.vstack([s["step_time"][:min(len(v["step_time"]) for v in steps.values())]
-                                                 for s in steps.values()]), axis=0)[1:])
-        else:
-            # No per-step record (plain Horovod): its mean step time.
-            times.append(np.array([1e3 * results[label]["global_batch"] / results[label]["throughput"]]))
-    ax1.boxplot(times, showfliers=False)
+    ax1.boxplot([[r["epoch_time"] for r in results[v]] for v in labels], showfliers=False)
     ax1.set_xticks(range(1, len(labels) + 1), labels)
-    ax1.set_ylabel("iteration time (ms)")
+    ax1.set_ylabel("epoch time (s)")
     ax1.tick_params(axis="x", rotation=30, labelsize=8)
-    ax1.set_title("iteration time (slowest worker per step)", fontsize=9)
-    measured = [v for v in labels if results[v].get("idle_fraction") is not None]
-    ax2.bar(measured, [100 * results[v]["idle_fraction"] for v in measured], color="tab:orange")
+    ax1.set_title("epoch time over the rounds", fontsize=9)
+    measured = [v for v in labels if all(r.get("idle_fraction") is not None for r in results[v])]
+    ax2.bar(measured, [100 * float(np.median([r["idle_fraction"] for r in results[v]])) for v in measured],
+            color="tab:orange")
     ax2.set_ylabel("idle fraction (%)")
     ax2.tick_params(axis="x", rotation=30, labelsize=8)
     ax2.set_title("time blocked in the allreduce / wall time", fontsize=9)
     fig.tight_layout()
-    paths.append(os.path.join(out_dir, "iteration_and_idle.png"))
+    paths.append(os.path.join(out_dir, "epoch_time_and_idle.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths

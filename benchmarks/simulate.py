@@ -1,17 +1,19 @@
-"""Trace-driven simulation of N workers (to 1024 and beyond) under the very same policy and allocator code.
+"""Trace-driven simulation of N workers (to 1024 and beyond) under the very same policy, model and forecaster code.
 
     python -m benchmarks.simulate --workers 4,64,1024 --policies equal,pid,lbbsp-ema,lbbsp-narx,oracle
 
-Worker i replays a recorded trace (predictor/traces, a random file and offset)
-scaled to a base speed drawn from 1, 1/2, 1/4 (heterogeneous hardware). The
-recorded CPU steps are short (2-15 ms), so one simulated step spans
-`--aggregate` recorded steps (their time-weighted speed), like the longer
-steps of a real job. A step takes t_i = overhead + b_i / v_i(t) plus a fixed
-communication time; epochs have `--steps-per-epoch` steps (DBS acts per epoch).
-Each worker's forecast comes from its own GuardedPredictor, and the decision
-from lbbsp.controller.BalanceController with the named policy: the code that
-runs inside the Keras callback. Reported per (N, policy): eta = T*/max t_i,
-the speedup over equal batches, and the decision cost per step.
+Worker i replays a recorded trace (predictor/data/traces, a random file and
+offset) scaled to a base speed drawn from 1, 1/2, 1/4 (heterogeneous
+hardware). The recorded CPU steps are short (2-15 ms), so one simulated step
+spans `--aggregate` recorded steps (their time-weighted speed), like the longer
+steps of a real job. A step takes t_i = (k + b_i) / v_i(t) (a fixed cost of k
+samples) plus a fixed communication time; epochs have `--steps-per-epoch`
+steps (DBS acts per epoch). Each worker's forecast comes from its own
+lbbsp.forecasting.Forecaster and every decision from
+lbbsp.controller.BalanceController: the code that runs inside the Keras
+callback. The oracle knows every worker's true speed of the coming step.
+Reported per (N, policy): eta = T* / max t_i, the speedup over equal batches,
+and the decision cost per step.
 """
 import argparse
 import os
@@ -20,21 +22,23 @@ import time
 
 import numpy as np
 
-from lbbsp.controller import ROW_FIELDS, BalanceController, GuardedPredictor
+from lbbsp import exchange
+from lbbsp.controller import BalanceController
+from lbbsp.forecasting import Forecaster
 from predictor.traces import list_traces, read_trace
+
+from .oracle import OraclePolicy
+from .variants import VARIANTS
 
 __all__ = ["Cluster", "simulate", "main", "POLICY_VARIANTS"]
 
-POLICY_VARIANTS = {
-    "equal": ("equal", None), "static": ("static", None), "dbs": ("dbs", None), "pid": ("pid", None),
-    "lbbsp-ema": ("lbbsp", "ema"), "lbbsp-narx": ("lbbsp", "narx"), "oracle": ("oracle", None),
-}
+POLICY_VARIANTS = {label: v for label, v in VARIANTS.items() if label != "horovod"}
 
 
 class Cluster:
     """N simulated workers: per-step true speeds and telemetry from recorded traces."""
 
-    def __init__(self, num_workers, steps, seed=0, overhead=0.002, comm=0.005, traces=None, aggregate=10):
+    def __init__(self, num_workers, steps, seed=0, offset=16.0, comm=0.005, traces=None, aggregate=10):
         rng = np.random.default_rng(seed)
         paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith("steady")]
         loaded = [read_trace(p) for p in paths]
@@ -49,42 +53,50 @@ class Cluster:
             rel = (1.0 / per_sample) / np.median(trace["speed"])
             self.speed[:, w] = 1000.0 * base[w] * rel  # samples/s of a full-speed worker: 1000
             self.features[:, w] = trace["features"][idx[aggregate - 1::aggregate]]
-        self.overhead, self.comm = overhead, comm
+        self.offset, self.comm = float(offset), comm
         self.num_workers, self.steps = num_workers, steps
 
     def compute_times(self, step, batches):
-        return self.overhead + batches / self.speed[step]
+        return (self.offset + batches) / self.speed[step]
+
+    def truth(self, step):
+        """(offsets, speeds) of every worker at `step`: what the oracle knows."""
+        return np.full(self.num_workers, self.offset), self.speed[min(step, self.steps)]
 
 
-def simulate(cluster, policy, predictor, global_batch, exchange_delay=0, steps_per_epoch=20):
-    """Run `policy` on the cluster; returns per-step dict arrays (eta, step time, decision seconds)."""
+def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1):
+    """Run `policy` on the cluster; returns per-step arrays (eta, step time, decision seconds).
+
+    As in the callback, the timings of step t decide the split of step t + 1 + plan_ahead.
+    """
     n = cluster.num_workers
-    controller = BalanceController(policy, predictor or "ema", warmup_steps=0)
-    schedule = np.full(steps_per_epoch, global_batch)
-    batches = controller.start(0, n, schedule)
-    forecasters = [GuardedPredictor(predictor) for _ in range(n)] if controller.policy.uses_forecast else None
+    if policy == "oracle":
+        policy = OraclePolicy(cluster.truth)
+    controller = BalanceController(policy, warmup_steps=0, plan_ahead=plan_ahead)
+    plans = controller.start(n, np.full(steps_per_epoch, global_batch))
+    forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
+    gathered = exchange.empty(n)
     forecasts = np.full(n, np.nan)
     eta, step_time, decide = [], [], []
-    col = {name: i for i, name in enumerate(ROW_FIELDS)}
     for t in range(cluster.steps):
+        epoch, step = divmod(t, steps_per_epoch)
+        batches = plans.pop((epoch, step))
         compute = cluster.compute_times(t, batches)
         step_time.append(compute.max() + cluster.comm)
-        ideal = cluster.overhead + global_batch / cluster.speed[t].sum()
-        eta.append(ideal / compute.max())
-        speeds = batches / compute
-        gathered = np.full((n, len(ROW_FIELDS)), np.nan)
-        gathered[:, col["compute"]] = compute
-        gathered[:, col["wait"]] = compute.max() - compute + cluster.comm
-        gathered[:, col["true_speed"]] = cluster.speed[t + 1]
+        k, v = cluster.truth(t)
+        eta.append(((global_batch + k.sum()) / v.sum()) / compute.max())
+        gathered[:, 1] = compute.max() - compute + cluster.comm
+        gathered[:, 2] = compute
         if forecasters is not None:
-            fresh = np.array([f.update(speeds[w], cluster.features[t, w], batches[w])
-                              for w, f in enumerate(forecasters)])
-            # Fused exchange: decisions use the forecasts sent one step earlier.
-            gathered[:, col["forecast"]] = forecasts if exchange_delay else fresh
-            forecasts = fresh
+            # As in the callback: the forecast exchanged now was made from the previous step's measurement.
+            gathered[:, 0] = forecasts
+            offsets = controller.offsets()
+            forecasts = [f.update(batches[w], compute[w], offsets[w], cluster.features[t, w])
+                         for w, f in enumerate(forecasters)]
         start = time.perf_counter()
-        batches, _ = controller.decide(t // steps_per_epoch, t % steps_per_epoch, gathered)
+        key, decided, _ = controller.decide(epoch, step, gathered, batches)
         decide.append(time.perf_counter() - start)
+        plans[key] = decided
     return {"eta": np.array(eta), "step_time": np.array(step_time), "decide": np.array(decide)}
 
 
@@ -94,7 +106,7 @@ def main(argv=None):
     parser.add_argument("--policies", default="equal,pid,dbs,lbbsp-ema,lbbsp-narx,oracle")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--per-worker-batch", type=int, default=64)
-    parser.add_argument("--fused", action="store_true", help="forecasts one step old, as with exchange='fused'")
+    parser.add_argument("--offset", type=float, default=16.0, help="fixed cost per step, in samples")
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
@@ -102,17 +114,18 @@ def main(argv=None):
     sizes = [int(s) for s in args.workers.split(",")]
     names = [p.strip() for p in args.policies.split(",")]
     unknown = [p for p in names if p not in POLICY_VARIANTS]
-    if unknown or any(s < 1 for s in sizes) or args.steps < 10 or args.aggregate < 1 or args.steps_per_epoch < 1:
+    if unknown or any(s < 1 for s in sizes) or args.steps < 10 or args.aggregate < 1 or args.steps_per_epoch < 1 \
+            or args.offset < 0:
         parser.error(f"bad arguments: unknown policies {unknown}, sizes {sizes} (>= 1), steps {args.steps} (>= 10), "
-                     f"aggregate {args.aggregate} (>= 1), steps per epoch {args.steps_per_epoch} (>= 1)")
+                     f"aggregate {args.aggregate} (>= 1), steps per epoch {args.steps_per_epoch} (>= 1), "
+                     f"offset {args.offset} (>= 0)")
     print(f"{'workers':>8} {'policy':<11} {'eta':>6} {'speedup':>8} {'decision ms (median/p99)':>26}")
     for n in sizes:
-        cluster = Cluster(n, args.steps, seed=args.seed, aggregate=args.aggregate)
+        cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate)
         base = None
         for name in names:
             policy, predictor = POLICY_VARIANTS[name]
-            r = simulate(cluster, policy, predictor, args.per_worker_batch * n, exchange_delay=int(args.fused),
-                         steps_per_epoch=args.steps_per_epoch)
+            r = simulate(cluster, policy, predictor, args.per_worker_batch * n, steps_per_epoch=args.steps_per_epoch)
             skip = 10
             mean_step = r["step_time"][skip:].mean()
             base = mean_step if name == "equal" or base is None else base

@@ -1,26 +1,29 @@
 """One benchmark run, started on every rank by horovodrun (benchmarks/compare.py does that for you).
 
     horovodrun -np 4 -H localhost:4 --gloo python -m benchmarks.worker --scenario static-4 --policy lbbsp \
-        --predictor narx --out-dir results/static-4/lbbsp-narx
+        --predictor narx --out-dir results/static-4/lbbsp-narx/r0
 
 Each rank pins itself to its core, runs under its scenario's CPU quota (or an
-emulated delay where cgroups are not writable), applies the scenario's timed
-events, and trains. `--policy horovod` is plain Horovod (hvd.DistributedOptimizer,
-a static shard per rank, equal batches) for the overhead comparison. Rank 0
-writes summary.json; every rank writes steps_rank{r}.csv.
+emulated delay where cgroups are not writable), applies the scenario's events
+at the steps they name, and trains. `--policy horovod` is plain Horovod
+(hvd.DistributedOptimizer, a static shard per rank, equal batches), the
+reference of every table; `--policy oracle` needs `--curves` (measured
+step-time curves, see benchmarks/oracle.py). Rank 0 writes summary.json;
+every rank writes steps_rank{r}.csv (lbbsp's per-step records plus the time
+its cgroup was throttled in each step).
 """
 import argparse
+import csv
 import json
 import os
 import sys
-import threading
 import time
 
 import numpy as np
 
 from lbbsp.policies import POLICIES
 
-POLICY_CHOICES = tuple(POLICIES) + ("horovod",)
+POLICY_CHOICES = tuple(POLICIES) + ("horovod", "oracle")
 
 
 def parse(argv=None):
@@ -28,34 +31,39 @@ def parse(argv=None):
     parser.add_argument("--scenario", required=True, help="name in benchmarks/scenarios or a YAML path")
     parser.add_argument("--policy", choices=POLICY_CHOICES, required=True)
     parser.add_argument("--predictor", default="narx", choices=("narx", "arx", "ema", "last"))
-    parser.add_argument("--exchange", default="fused", choices=("fused", "eager"))
     parser.add_argument("--epochs", type=int, help="override the scenario's epochs")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
+    parser.add_argument("--curves", help="measured step-time curves (JSON) for --policy oracle")
+    parser.add_argument("--plan-ahead", type=int, default=1, help="lbbsp's plan_ahead (0 or more)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
     parser.add_argument("--out-dir", required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.policy == "oracle" and not args.curves:
+        parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
+    return args
 
 
-class Slowdown:
-    """Applies one rank's scenario: a CPU quota and hog events (real), or a delay per sample (emulated).
+class ScenarioDriver:
+    """Applies one rank's scenario state at the start of every step; records its throttled time per step.
 
-    With `external`, the speeds come from outside (container CPU limits, a real
-    cluster) and nothing is injected; the scenario still tells the oracle.
+    Real: a cgroup CPU quota and a co-located hog. Emulated (no writable
+    cgroups): a sleep per sample for the speed the worker lacks. External:
+    nothing (container or cluster limits).
     """
 
     def __init__(self, scenario, rank, emulate, external=False):
-        from lbbsp.contention import CpuHog, CpuQuota, cgroups_writable
+        from .contention import CpuHog, CpuQuota, cgroups_writable
 
         self.scenario, self.rank, self.external = scenario, rank, external
         self.emulated = not external and (emulate or not cgroups_writable())
         self.hog = CpuHog(scenario.cores(rank))
         real = not (external or self.emulated)
-        self.quota = CpuQuota(scenario.true_speed(rank, 0.0), pids=[os.getpid()]) if real else None
+        self.quota = CpuQuota(scenario.cores_given(rank, 0), pids=[os.getpid()]) if real else None
         self.per_sample = 0.0
-        self.start_time = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._events, daemon=True)
+        self.applied = None
+        self.throttled = []
 
     @property
     def label(self):
@@ -63,63 +71,61 @@ class Slowdown:
             return "external (container or cluster CPU limits)"
         return "emulated (delay per sample)" if self.emulated else "real (cgroup CPU quota, co-located hog)"
 
-    def elapsed(self):
-        return 0.0 if self.start_time is None else time.time() - self.start_time
+    def begin_step(self, step):
+        """Switch to the state of global step `step` and note the throttle counter."""
+        state = self.scenario.state(self.rank, step)
+        if state != self.applied and self.quota is not None:
+            self.quota.set(state[0] * self.scenario.scale)
+            (self.hog.start if state[1] else self.hog.stop)()
+        self.applied, self.step = state, step
+        self._throttle_start = self.quota.throttled_seconds() if self.quota is not None else 0.0
 
-    def start(self, start_time, per_sample):
-        """Begin the scenario clock (the same start_time on every rank)."""
-        self.start_time, self.per_sample = start_time, per_sample
-        self._thread.start()
-
-    def _events(self):
-        applied = (None, None)
-        while not self._stop.wait(0.05):
-            speed, hog = self.scenario.state(self.rank, self.elapsed())
-            if (speed, hog) == applied:
-                continue
-            if self.quota is not None:
-                self.quota.set(speed * self.scenario.scale)
-                (self.hog.start if hog else self.hog.stop)()
-            applied = (speed, hog)
+    def end_step(self):
+        end = self.quota.throttled_seconds() if self.quota is not None else 0.0
+        self.throttled.append((self.step, end - self._throttle_start))
 
     def delay(self, batch):
         """Emulated mode: sleep as long as the missing speed would have cost for `batch` samples."""
-        if self.emulated and self.per_sample > 0:
-            relative = self.scenario.true_speed(self.rank, self.elapsed()) / self.scenario.scale
+        if self.emulated and self.per_sample > 0 and self.applied is not None:
+            relative = self.scenario.cores_given(self.rank, self.step) / self.scenario.scale
             time.sleep(batch * self.per_sample * (1.0 / relative - 1.0))
 
-    def true_speed(self, epoch, step):
-        return self.scenario.true_speed(self.rank, self.elapsed())
-
     def close(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.hog.stop()
+        self.hog.close()
         if self.quota is not None:
             self.quota.close()
 
 
+def _calibrate(scenario, x, y, loss, tf):
+    """Full-speed seconds per sample on this core, for the emulated delay."""
+    from .workloads import build_model
+
+    probe = build_model(scenario.workload, hidden=scenario.hidden, seed=1)
+    probe.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss=loss)
+    b = scenario.global_batch // scenario.workers
+    probe.train_on_batch(x[:b], y[:b])
+    start = time.perf_counter()
+    for _ in range(3):
+        probe.train_on_batch(x[:b], y[:b])
+    return (time.perf_counter() - start) / (3 * b)
+
+
 def main(argv=None):
     args = parse(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import horovod.tensorflow as hvd_core
-    import horovod.tensorflow.keras as hvd
-
-    import lbbsp.keras as lb
-    from lbbsp.contention import pin_to_cores
-    from lbbsp.workloads import build_model, load_data
-
-    from .analysis import summarize
+    from .runtime import init_worker
     from .scenario import Scenario
 
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
     scenario = Scenario.load(args.scenario)
+    hvd, tf = init_worker(pin=False)
+    import horovod.tensorflow as hvd_core
+
+    import lbbsp.keras as lb
+
+    from .analysis import summarize
+    from .contention import pin_to_cores
+    from .workloads import build_model, load_data
+
+    rank, size = hvd.rank(), hvd.size()
     if size != scenario.workers:
         raise SystemExit(f"scenario {scenario.name} needs {scenario.workers} ranks, horovodrun gave {size}")
     epochs = args.epochs or scenario.epochs
@@ -127,94 +133,100 @@ def main(argv=None):
         pin_to_cores(scenario.cores(rank))
     os.makedirs(args.out_dir, exist_ok=True)
 
-    x, y, x_test, y_test = load_data(scenario.workload, seed=0)
-    model = build_model(scenario.workload, hidden=scenario.hidden, seed=0)
-    base_opt = tf.keras.optimizers.SGD(0.05 if scenario.workload == "cnn" else 0.01, momentum=0.9)
+    x, y, x_test, y_test = load_data(scenario.workload, seed=0, num_samples=scenario.num_samples)
+    model = build_model(scenario.workload, hidden=scenario.hidden, seed=args.seed)
+    base_opt = tf.keras.optimizers.SGD(0.05 if scenario.workload in ("cnn", "conv") else 0.01, momentum=0.9)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    slowdown = Slowdown(scenario, rank, args.emulate, args.external)
-    per_sample = 0.0
-    if slowdown.emulated:
-        # Calibrate the full-speed cost of a sample on this core, for the emulated delay.
-        probe = build_model(scenario.workload, hidden=scenario.hidden, seed=1)
-        probe.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss=loss)
-        b = scenario.global_batch // size
-        probe.train_on_batch(x[:b], y[:b])
-        start = time.perf_counter()
-        for _ in range(3):
-            probe.train_on_batch(x[:b], y[:b])
-        per_sample = (time.perf_counter() - start) / (3 * b)
-
+    driver = ScenarioDriver(scenario, rank, args.emulate, args.external)
+    if driver.emulated:
+        driver.per_sample = _calibrate(scenario, x, y, loss, tf)
     timer_log = []
 
-    class EpochClock(tf.keras.callbacks.Callback):
-        """Training time per epoch (test evaluation on rank 0 excluded) and test accuracy."""
+    class Clock(tf.keras.callbacks.Callback):
+        """Drives the scenario per step; training time per epoch."""
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.t = time.perf_counter()
+            self.epoch, self.t = epoch, time.perf_counter()
+
+        def on_train_batch_begin(self, step, logs=None):
+            driver.begin_step(self.epoch * self.params["steps"] + step)
+
+        def on_train_batch_end(self, step, logs=None):
+            driver.end_step()
 
         def on_epoch_end(self, epoch, logs=None):
-            elapsed = time.perf_counter() - self.t
-            acc = None
-            if rank == 0:
-                acc = float(np.mean(np.argmax(self.model.predict(x_test, verbose=0, batch_size=512), 1) == y_test))
-            timer_log.append({"epoch": epoch, "time": elapsed, "accuracy": acc, "loss": float(logs.get("loss", 0))})
+            loss = logs.get("loss")
+            timer_log.append({"epoch": epoch, "time": time.perf_counter() - self.t,
+                              "loss": None if loss is None else float(loss)})
             if rank == 0:
                 with open(os.path.join(args.out_dir, "progress"), "a") as fh:
                     fh.write(f"{epoch + 1}/{epochs}\n")
 
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), Clock()]
+    balancer = None
     if args.policy == "horovod":
         model.compile(optimizer=hvd.DistributedOptimizer(base_opt), loss=loss)
         shard_x, shard_y = x[rank::size], y[rank::size]
         local = scenario.global_batch // size
 
         def batches():
-            rng = np.random.default_rng(rank)
+            rng = np.random.default_rng(args.seed * 1000 + rank)
             while True:
                 order = rng.permutation(len(shard_x))
                 for i in range(0, len(order) - local + 1, local):
                     idx = order[i:i + local]
-                    slowdown.delay(local)
+                    driver.delay(local)
                     yield shard_x[idx], shard_y[idx]
 
         sig = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int64))
         data = tf.data.Dataset.from_generator(batches, output_signature=sig)
         steps = len(x) // scenario.global_batch
-        callbacks.append(hvd.callbacks.MetricAverageCallback())
-        balancer = None
+        callbacks.insert(1, hvd.callbacks.MetricAverageCallback())
     else:
         model.compile(optimizer=lb.DistributedOptimizer(base_opt), loss=loss)
-        source_x, source_y = x, y
 
         def fetch(idx):
-            slowdown.delay(len(idx))
-            return source_x[idx], source_y[idx]
+            driver.delay(len(idx))
+            return x[idx], y[idx]
 
-        feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=0)
+        feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed)
         data, steps = feed.dataset(), feed.steps_per_epoch
-        exchange = "eager" if args.policy == "oracle" else args.exchange
-        balancer = lb.LoadBalancer(feed, policy=args.policy, predictor=args.predictor, exchange=exchange,
-                                   true_speed_fn=slowdown.true_speed if args.policy == "oracle" else None)
-        callbacks.append(balancer)
-    callbacks.append(EpochClock())
+        policy, warmup = args.policy, 2
+        if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
+            from .oracle import CurveBook, OraclePolicy, load_curves
 
-    start_time = float(hvd_core.broadcast(tf.constant(time.time(), tf.float64), 0, name="start_time"))
-    slowdown.start(start_time, per_sample)
+            policy, warmup = OraclePolicy(CurveBook(scenario, load_curves(args.curves)).at), 0
+        balancer = lb.LoadBalancer(feed, policy=policy, predictor=args.predictor, warmup_steps=warmup,
+                                   plan_ahead=args.plan_ahead, keep_steps=None)
+        callbacks.append(balancer)
+
+    start = time.perf_counter()
     try:
         model.fit(data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=callbacks)
     finally:
-        slowdown.close()
+        driver.close()
+    wall = time.perf_counter() - start
+    accuracy = float(np.mean(np.argmax(model.predict(x_test, verbose=0, batch_size=512), 1) == y_test))
 
     history = balancer.history if balancer else []
-    if balancer:
-        balancer.write_csv(os.path.join(args.out_dir, f"steps_rank{rank}.csv"))
+    throttled = dict(driver.throttled)
+    for row in history:
+        row["throttled"] = throttled.get(row["epoch"] * steps + row["step"], 0.0)
+        row["cores"] = scenario.cores_given(rank, row["epoch"] * steps + row["step"])
+        row["state_speed"], row["state_hog"] = scenario.state(rank, row["epoch"] * steps + row["step"])
+    if history:
+        with open(os.path.join(args.out_dir, f"steps_rank{rank}.csv"), "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(history[0]), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(history)
     everyone = hvd_core.allgather_object(history)
     if rank == 0:
-        summary = summarize(everyone, timer_log, scenario.global_batch, len(x), scenario.target_accuracy)
+        summary = summarize(everyone, timer_log, len(x), steps)
+        summary["final_accuracy"] = accuracy
         summary.update(scenario=scenario.name, policy=args.policy, predictor=args.predictor if balancer else None,
-                       exchange=args.exchange if balancer else None, heterogeneity=slowdown.label, workers=size,
-                       global_batch=scenario.global_batch, epochs=epochs, ideal_speedup=scenario.ideal_speedup())
+                       heterogeneity=driver.label, workers=size, global_batch=scenario.global_batch, epochs=epochs,
+                       seed=args.seed, wall=wall, steps_per_epoch=steps)
         with open(os.path.join(args.out_dir, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=1)
     return 0

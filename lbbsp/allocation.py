@@ -1,25 +1,33 @@
-"""Batch-size allocation for load-balanced BSP (numpy only, no TensorFlow).
+"""Integer batch sizes that minimise the slowest worker's predicted step time (numpy only).
 
-Every rank calls these functions with the same gathered numbers, so every
-function here is deterministic: no randomness, ties broken by worker index.
+Worker i's compute time for a batch of b samples is modelled as affine,
+
+    t_i(b) = (k_i + b) / v_i
+
+with v_i its batch-free speed (samples/s) and k_i >= 0 its fixed per-step cost
+expressed in samples (k_i / v_i seconds: kernel launches, Python and Keras
+work). `allocate` solves
+
+    minimise max_i t_i(b_i)   subject to  sum_i b_i = B,  b_min <= b_i <= b_max_i,  b_i integer.
+
+Continuous part: with every worker unclipped, all finish at
+T = (B + sum k_i) / sum v_i and b_i = v_i T - k_i; bounds are handled
+exactly by sweeping T over the breakpoints where workers hit a bound.
+Integer part: floors of the continuous split, then each remaining sample to
+the worker whose time grows least, argmin_i t_i(b_i + 1): this greedy is
+optimal for the min-max of separable non-decreasing costs. With k = 0 the
+split is proportional to v (the original LB-BSP rule).
+
+Every rank calls this with the same gathered numbers, so everything here is
+deterministic: no randomness, ties go to the lower worker index.
 """
 import numpy as np
 
-__all__ = [
-    "validate_bounds",
-    "sanitize_speeds",
-    "proportional_shares",
-    "allocate",
-    "predicted_step_time",
-    "Rebalancer",
-    "ROUNDINGS",
-]
+__all__ = ["validate_bounds", "sanitize", "allocate", "continuous_split", "predicted_time", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {minimum}")
-    if value < minimum:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {minimum}")
     return int(value)
 
@@ -57,186 +65,168 @@ def validate_bounds(num_workers, global_batch, b_min=1, b_max=None):
     return global_batch, b_min, upper
 
 
-def sanitize_speeds(speeds):
-    """Return positive finite speeds: invalid entries (NaN, inf, <= 0) become the median of the valid ones.
+def sanitize(values, fallback=None, positive=True):
+    """Finite values (> 0 with `positive`, else >= 0); bad entries become the median of the good ones.
 
-    If no entry is valid every worker gets speed 1.0, which yields equal batches.
+    With no good entry at all, every entry becomes `fallback` (default 1.0 for
+    speeds, 0.0 for offsets), so equal speeds yield equal batches.
     """
-    v = np.array(speeds, dtype=np.float64).reshape(-1)
-    valid = np.isfinite(v) & (v > 0)
-    if valid.all():
+    v = np.array(values, dtype=np.float64).reshape(-1)
+    good = np.isfinite(v) & ((v > 0) if positive else (v >= 0))
+    if good.all():
         return v
-    if not valid.any():
-        return np.ones_like(v)
-    v[~valid] = np.median(v[valid])
+    if not good.any():
+        v[:] = (1.0 if positive else 0.0) if fallback is None else fallback
+        return v
+    v[~good] = np.median(v[good])
     return v
 
 
-def proportional_shares(weights, total, lower, upper):
-    """Real-valued x with sum(x) = total, lower <= x <= upper, x proportional to weights where unclipped.
+def _filled(T, lo_bp, hi_bp, v, base):
+    """f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) at every T, by sorted breakpoints (O(N log N))."""
+    out = np.full(T.shape, base)
+    for bp, sign in ((lo_bp, 1.0), (hi_bp, -1.0)):
+        order = np.argsort(bp, kind="stable")
+        srt = bp[order]
+        cum_v = np.concatenate([[0.0], np.cumsum(v[order])])
+        cum_w = np.concatenate([[0.0], np.cumsum(v[order] * srt)])
+        n = np.searchsorted(srt, T, side="left")
+        out += sign * (T * cum_v[n] - cum_w[n])
+    return out
 
-    Water-filling: workers whose proportional share violates a bound are pinned
-    to it and the rest is shared again among the others, until nothing moves.
+
+def continuous_split(offsets, speeds, total, lower, upper):
+    """Real b with sum(b) = total, lower <= b <= upper, minimising max_i (k_i + b_i) / v_i.
+
+    Returns (b, T) with T the common finish time of the unclipped workers.
     """
-    w = sanitize_speeds(weights)
-    share = total * (w / w.sum())
-    if np.all(share >= lower) and np.all(share <= upper):
-        return share
-    n = w.size
-    lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,))
-    upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,))
-    x = np.zeros(n)
-    free = np.ones(n, dtype=bool)
-    remaining = float(total)
-    for _ in range(n + 1):
-        share = np.zeros(n)
-        share[free] = remaining * w[free] / w[free].sum()
-        over = free & (share > upper)
-        under = free & (share < lower)
-        if not over.any() and not under.any():
-            x[free] = share[free]
-            return x
-        # Pin the side with the larger total violation first; pinning both at
-        # once can overshoot when the bounds are tight.
-        if (share[over] - upper[over]).sum() >= (lower[under] - share[under]).sum():
-            pinned, values = over, upper
-        else:
-            pinned, values = under, lower
-        x[pinned] = values[pinned]
-        remaining -= values[pinned].sum()
-        free &= ~pinned
-        if not free.any():
-            return x
-    raise RuntimeError("proportional_shares did not converge")  # unreachable: each pass pins a worker
+    k, v = offsets, speeds
+    T = (total + k.sum()) / v.sum()
+    b = v * T - k
+    if np.all(b >= lower) and np.all(b <= upper):
+        return b, T
+    # f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) is piecewise linear and non-decreasing;
+    # find T with f(T) = total among the breakpoints where a worker leaves or reaches a bound.
+    lo_bp = (lower + k) / v
+    hi_bp = (upper + k) / v
+    cand = np.unique(np.concatenate([lo_bp, hi_bp]))
+    f = _filled(cand, lo_bp, hi_bp, v, float(lower.sum()))
+    j = int(np.searchsorted(f, total - 1e-9 * max(total, 1.0)))
+    if j >= cand.size:
+        return upper.astype(np.float64), float(cand[-1])
+    if j == 0:
+        return lower.astype(np.float64), float(cand[0])
+    t0, t1, f0, f1 = cand[j - 1], cand[j], f[j - 1], f[j]
+    T = t1 if f1 == f0 else t0 + (total - f0) * (t1 - t0) / (f1 - f0)
+    return np.clip(v * T - k, lower, upper), float(T)
 
 
-ROUNDINGS = ("remainder", "time")
-
-
-def _check_rounding(rounding):
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r} is not allowed: use one of {ROUNDINGS}")
-
-
-def _round(x, global_batch, b_min, upper, weights=None):
-    """Integer batches from real shares: floor, then hand out what is left one sample at a time.
-
-    Without `weights` the extra samples go by largest remainder; with the
-    workers' speeds as `weights` they go where they lengthen the step least
-    (smallest (floor + 1) / speed), which minimises the slowest worker's time
-    among the allocations within one sample of the shares. Ties go to the
-    lower index either way.
-    """
-    base = np.clip(np.floor(x + 1e-9).astype(np.int64), b_min, upper)
-    left = global_batch - int(base.sum())
-    if left == 0:
+def _round(x, total, k, v, lower, upper):
+    """Floors of `x`, then each remaining sample to argmin_i (k_i + b_i + 1) / v_i (ties: lower index)."""
+    base = np.clip(np.floor(x + 1e-9).astype(np.int64), lower, upper)
+    left = int(total - base.sum())
+    if left <= 0:
         return base
-    if left > 0:
-        key = -(x - base) if weights is None else (base + 1) / weights
-        order = np.argsort(key, kind="stable")
-        order = order[(upper - base)[order] > 0]
-    else:
-        key = (x - base) if weights is None else -(base - 1) / weights
-        order = np.argsort(key, kind="stable")
-        order = order[(base - b_min)[order] > 0]
-    base[order[:abs(left)]] += 1 if left > 0 else -1
-    return base
+    # The greedy takes the `left` smallest of all candidate finish times (k_i + base_i + m) / v_i,
+    # m = 1, 2, ...; per worker these increase, so a few candidates per worker suffice unless one
+    # worker takes them all, in which case more are generated.
+    depth = 4
+    while True:
+        m = np.arange(1, depth + 1)
+        room = (upper - base)[:, None] >= m[None, :]
+        times = (k[:, None] + base[:, None] + m[None, :]) / v[:, None]
+        workers = np.broadcast_to(np.arange(base.size)[:, None], times.shape)
+        t, w = times[room], workers[room]
+        order = np.lexsort((w, t))[:left]
+        chosen = np.bincount(w[order], minlength=base.size)
+        if chosen.max() < depth or depth >= left:
+            return base + chosen
+        depth *= 4
 
 
-def allocate(speeds, global_batch, b_min=1, b_max=None, rounding="remainder"):
-    """Integer batch sizes b_i proportional to speeds with sum(b) == global_batch and bounds respected.
+def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None):
+    """Integer batch sizes minimising max_i (k_i + b_i) / v_i with sum(b) == global_batch, bounds kept.
 
-    Floors the water-filled real shares, then hands the remaining samples out
-    by largest remainder (`rounding="remainder"`) or to the workers whose step
-    time grows least (`rounding="time"`); ties go to the lower worker index.
+    `speeds` are batch-free speeds v_i; `offsets` the fixed costs k_i in
+    samples (default 0: the split is then proportional to the speeds). Bad
+    speeds (NaN, inf, <= 0) and offsets (NaN, inf, < 0) are replaced by the
+    median of the good ones.
     """
-    _check_rounding(rounding)
-    speeds = np.asarray(speeds, dtype=np.float64).reshape(-1)
-    global_batch, b_min, upper = validate_bounds(speeds.size, global_batch, b_min, b_max)
-    x = proportional_shares(speeds, global_batch, b_min, upper)
-    return _round(x, global_batch, b_min, upper, sanitize_speeds(speeds) if rounding == "time" else None)
+    v = sanitize(speeds)
+    global_batch, b_min, upper = validate_bounds(v.size, global_batch, b_min, b_max)
+    k = np.zeros_like(v) if offsets is None else sanitize(offsets, positive=False)
+    if k.shape != v.shape:
+        raise ValueError(f"offsets={np.asarray(offsets).tolist()!r} is not allowed: give {v.size} values")
+    lower = np.full(v.size, b_min, dtype=np.int64)
+    x, _ = continuous_split(k, v, global_batch, lower, upper)
+    return _round(x, global_batch, k, v, lower, upper)
 
 
-def predicted_step_time(batches, speeds):
-    """max_i b_i / v_i: the compute time of a synchronous step under the given speeds."""
-    v = sanitize_speeds(speeds)
-    return float(np.max(np.asarray(batches, dtype=np.float64) / v))
+def predicted_time(batches, speeds, offsets=None):
+    """max_i (k_i + b_i) / v_i: the predicted compute time of a synchronous step."""
+    v = sanitize(speeds)
+    k = 0.0 if offsets is None else sanitize(offsets, positive=False)
+    return float(np.max((k + np.asarray(batches, dtype=np.float64)) / v))
 
 
 class Rebalancer:
-    """Stateful allocation with hysteresis and damping (the semi-dynamic variant).
+    """Hysteresis and damping over successive allocations (the semi-dynamic variant of LB-BSP).
 
-    A new allocation is adopted only if it shortens the predicted step by more
-    than `min_gain` (relative). Each worker's step size halves every time its
-    adjustment reverses direction (down to `min_step`) and resets to 1 after a
-    move in the same direction, which stops oscillation around the balance
-    point under noisy forecasts; when the damped step would not improve the
-    step time, the undamped target is taken. Rounding defaults to "time" (the
-    allocation with the shortest predicted step among those within one sample
-    of the shares): at 1024 simulated workers with 64 samples each, the
-    oracle's efficiency is 0.992 with it and 0.944 with largest remainder.
-    State depends only on the inputs, so ranks that feed it the same gathered
-    speeds stay in lockstep.
+    A new split is adopted only if it shortens the predicted step by more than
+    `min_gain` (relative). A worker's move halves every time its direction
+    reverses (down to `min_step` of the full move) and returns to the full
+    move after a move in the same direction, which stops oscillation around
+    the balance point under noisy forecasts; when the damped move would not
+    shorten the predicted step, the target is taken undamped. The state
+    depends only on the inputs, so ranks that feed it the same numbers stay in
+    lockstep.
     """
 
-    def __init__(self, num_workers, global_batch, b_min=1, b_max=None, min_gain=0.0, min_step=0.125,
-                 rounding="time"):
-        validate_bounds(num_workers, global_batch, b_min, b_max)
-        _check_rounding(rounding)
-        self.rounding = rounding
-        if not (isinstance(min_gain, (int, float)) and 0.0 <= min_gain < 1.0):
+    def __init__(self, min_gain=0.02, min_step=0.125):
+        if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0.0 <= min_gain < 1.0:
             raise ValueError(f"min_gain={min_gain!r} is not allowed: it must be a number in [0, 1)")
-        if not (isinstance(min_step, (int, float)) and 0.0 < min_step <= 1.0):
+        if isinstance(min_step, bool) or not isinstance(min_step, (int, float)) or not 0.0 < min_step <= 1.0:
             raise ValueError(f"min_step={min_step!r} is not allowed: it must be a number in (0, 1]")
-        self.num_workers = int(num_workers)
-        self.b_min = int(b_min)
-        self.b_max = b_max
-        self.min_gain = float(min_gain)
-        self.min_step = float(min_step)
-        self.reset(global_batch)
+        self.min_gain, self.min_step = float(min_gain), float(min_step)
+        self.start(1)
 
-    def _allocate(self, weights):
-        """Allocation for weights that are already positive and finite (sanitized speeds, batches, blends)."""
-        return _round(proportional_shares(weights, self.global_batch, self.b_min, self._upper),
-                      self.global_batch, self.b_min, self._upper, weights if self.rounding == "time" else None)
+    def state(self):
+        return {"step": self._step.copy(), "last_dir": self._last_dir.copy()}
 
-    def reset(self, global_batch, batches=None):
-        """Start again from equal batches (or `batches`) with undamped steps."""
-        self.global_batch, _, self._upper = validate_bounds(self.num_workers, global_batch, self.b_min, self.b_max)
-        if batches is None:
-            batches = self._allocate(np.ones(self.num_workers))
-        self.batches = np.asarray(batches, dtype=np.int64).copy()
-        self._step = np.ones(self.num_workers)
-        self._last_dir = np.zeros(self.num_workers, dtype=np.int64)
+    def load_state(self, state):
+        self._step, self._last_dir = np.copy(state["step"]), np.copy(state["last_dir"])
 
-    def update(self, speeds, global_batch=None):
-        """Return the batch sizes for the next step given predicted speeds (and that step's global batch)."""
-        if global_batch is not None and int(global_batch) != int(self.batches.sum()):
-            # The global batch changes (end of epoch): rescale the current shares, no hysteresis.
-            self.global_batch, _, self._upper = validate_bounds(self.num_workers, global_batch, self.b_min,
-                                                                self.b_max)
-            self.batches = self._allocate(self.batches.astype(np.float64))
-        speeds = sanitize_speeds(speeds)
-        target = self._allocate(speeds)
-        if np.array_equal(target, self.batches):
-            return self.batches.copy()  # balanced already: the common case in steady state
-        now = predicted_step_time(self.batches, speeds)
-        best = predicted_step_time(target, speeds)
+    def start(self, num_workers):
+        """Forget past moves (undamped steps)."""
+        self._step = np.ones(num_workers)
+        self._last_dir = np.zeros(num_workers, dtype=np.int64)
+
+    def update(self, current, target, speeds, offsets, b_min=1, b_max=None):
+        """The batches to use next: `target` (or a damped move towards it), or `current` if the gain is too small.
+
+        `speeds` and `offsets` must be clean (positive and non-negative finite; see `sanitize`).
+        """
+        current = np.asarray(current, dtype=np.int64)
+        if np.array_equal(target, current):
+            return current.copy()
+        now = float(np.max((offsets + current) / speeds))
+        best = float(np.max((offsets + target) / speeds))
         if now <= 0 or (now - best) / now <= self.min_gain:
-            return self.batches.copy()
-        delta = (target - self.batches).astype(np.float64)
+            return current.copy()
+        delta = (target - current).astype(np.float64)
         direction = np.sign(delta).astype(np.int64)
         reversed_ = (direction != 0) & (self._last_dir != 0) & (direction != self._last_dir)
         same = (direction != 0) & ~reversed_
         self._step[reversed_] = np.maximum(self._step[reversed_] / 2.0, self.min_step)
         self._step[same] = 1.0
-        blended = self.batches + self._step * delta
-        proposal = self._allocate(blended)
-        if predicted_step_time(proposal, speeds) >= now:
-            # Damped steps too small to move a whole sample: take the (better) target undamped.
-            proposal = target
-            self._step[:] = 1.0
-        moved = np.sign(proposal - self.batches).astype(np.int64)
+        proposal = target
+        if reversed_.any():
+            blended = current + self._step * delta
+            damped = allocate(np.maximum(blended, 1e-9), int(current.sum()), b_min, b_max)
+            if float(np.max((offsets + damped) / speeds)) < now:
+                proposal = damped
+            else:
+                self._step[:] = 1.0
+        moved = np.sign(proposal - current).astype(np.int64)
         self._last_dir = np.where(moved != 0, moved, self._last_dir)
-        self.batches = proposal
-        return self.batches.copy()
+        return np.asarray(proposal, dtype=np.int64).copy()

@@ -1,6 +1,6 @@
 """The data side of load-balanced BSP: which samples this worker reads at each step (numpy only).
 
-`BalancedFeed` serves, at step t of an epoch, this worker's sub-slice of the
+`BatchFeed` serves, at step t of an epoch, this worker's sub-slice of the
 global batch under the batch sizes decided for step t (see sharding.py). The
 callback sets the step and the batch sizes before every step; the feed
 records what it served so the callback can check that the batch used at step
@@ -13,7 +13,7 @@ import numpy as np
 from .allocation import validate_bounds
 from .sharding import epoch_permutation, global_batch_schedule, local_indices
 
-__all__ = ["BalancedFeed", "ArraySource", "FunctionSource"]
+__all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
 
 
 def _flatten(structure):
@@ -65,11 +65,11 @@ class FunctionSource:
         return self.fn(np.asarray(indices, dtype=np.int64))
 
 
-class BalancedFeed:
+class BatchFeed:
     """This worker's share of every global batch under changing per-worker batch sizes.
 
-    Construct with arrays (`BalancedFeed(x, y, global_batch=256)`) or with an
-    index function (`BalancedFeed.from_function(fn, num_samples, global_batch=256)`).
+    Construct with arrays (`BatchFeed(x, y, global_batch=256)`) or with an
+    index function (`BatchFeed.from_function(fn, num_samples, global_batch=256)`).
     `rank` and `size` fix the worker and the number of workers, on which the
     number of steps per epoch depends (lbbsp.keras.BalancedFeed takes them
     from Horovod).
@@ -152,7 +152,7 @@ class BalancedFeed:
         with self._lock:
             if self._plan is None:
                 raise RuntimeError(
-                    "BalancedFeed has no planned step: pass lbbsp.keras.LoadBalancer(feed) in the callbacks of fit() "
+                    "the feed has no planned step: pass lbbsp.keras.LoadBalancer(feed) in the callbacks of fit() "
                     "and feed.dataset() to fit unchanged (no prefetch: batches are decided per step)"
                 )
             epoch, step, batches = self._plan

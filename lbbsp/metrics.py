@@ -1,7 +1,7 @@
-"""Balance metrics of synchronous steps (numpy only): efficiency, straggler level, idle fraction."""
+"""Balance metrics of synchronous steps (numpy only): balanced time, efficiency, straggler level."""
 import numpy as np
 
-__all__ = ["balanced_time", "step_efficiency", "straggler_level", "idle_fraction", "summarize_steps"]
+__all__ = ["balanced_time", "step_efficiency", "summarize_steps"]
 
 
 def balanced_time(batches, compute):
@@ -14,18 +14,6 @@ def balanced_time(batches, compute):
 def step_efficiency(batches, compute):
     """eta = T* / max_i t_i (1.0 when every worker finishes together)."""
     return balanced_time(batches, compute) / float(np.max(compute))
-
-
-def straggler_level(compute):
-    """(max_i t_i - min_i t_i) / mean_i t_i."""
-    compute = np.asarray(compute, dtype=np.float64)
-    return float((compute.max() - compute.min()) / compute.mean())
-
-
-def idle_fraction(wait, wall):
-    """sum of wait / sum of wall time."""
-    wall_total = float(np.sum(wall))
-    return float(np.sum(wait) / wall_total) if wall_total > 0 else 0.0
 
 
 def summarize_steps(batches, compute):

@@ -9,8 +9,9 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Rebalancer, allocate, sanitize_speeds, validate_bounds
+from .allocation import Rebalancer, allocate, sanitize, validate_bounds
 from .metrics import step_efficiency
+from .steptime import StepTimeModel
 
 __all__ = [
     "StepStats",
@@ -21,7 +22,6 @@ __all__ = [
     "DBSPolicy",
     "PIDPolicy",
     "LBBSPPolicy",
-    "OraclePolicy",
     "POLICIES",
     "make_policy",
 ]
@@ -29,15 +29,18 @@ __all__ = [
 
 @dataclasses.dataclass
 class StepStats:
-    """What every worker measured in one step, gathered from all ranks (arrays of length N)."""
+    """What every worker measured in one step, gathered from all ranks (arrays of length N).
+
+    `step` counts steps from the start of training; `target` is the step
+    whose split is being decided (step + 1 + the controller's plan_ahead).
+    """
 
     step: int
     batches: np.ndarray
     compute: np.ndarray
     wait: np.ndarray
     forecast: np.ndarray
-    #: Benchmarks and the simulator only: each worker's true speed in the *next* step.
-    true_speed: np.ndarray = None
+    target: int = None
 
     @property
     def speed(self):
@@ -59,6 +62,24 @@ class Policy:
     name = "base"
     #: True when the policy needs per-rank speed forecasts (the callback then runs a predictor).
     uses_forecast = False
+    #: The StepTimeModel whose fixed costs turn a worker's timing into its batch-free speed, if any.
+    model = None
+
+    #: Attributes that make up the policy's state between steps (saved with checkpoints).
+    _STATE = ("batches",)
+
+    def state(self):
+        """The policy's state between steps, for checkpoints (plain values and numpy arrays)."""
+        return {name: getattr(self, name) for name in self._STATE if hasattr(self, name)}
+
+    def load_state(self, state):
+        """Continue from `state()` saved by the same kind of policy for the same number of workers."""
+        batches = np.asarray(state.get("batches", ()))
+        if batches.shape != (self.num_workers,):
+            raise ValueError(f"a saved split of shape {batches.shape} does not fit {self.num_workers} workers")
+        for name in self._STATE:
+            if name in state:
+                setattr(self, name, state[name])
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         """Reset for a new training run; return the batches of the first step."""
@@ -113,6 +134,7 @@ class StaticPolicy(Policy):
     """Profile once at the start (mean speed over `profile_steps` steps), then keep that allocation."""
 
     name = "static"
+    _STATE = ("batches", "_samples", "_fixed")
 
     def __init__(self, profile_steps=5):
         if not isinstance(profile_steps, int) or profile_steps < 1:
@@ -129,7 +151,7 @@ class StaticPolicy(Policy):
             self._samples.append(stats.speed)
             if len(self._samples) >= self.profile_steps:
                 speeds = np.nanmean(np.vstack(self._samples), axis=0)
-                self.batches = allocate(sanitize_speeds(speeds), int(self.batches.sum()), self.b_min, self.b_max)
+                self.batches = allocate(speeds, int(self.batches.sum()), self.b_min, self.b_max)
                 self._fixed = True
         return self.resize(next_global_batch)
 
@@ -138,6 +160,7 @@ class DBSPolicy(Policy):
     """DBS: once per epoch, shares p_i <- (p_i / t_i) / sum_j (p_j / t_j) from the epoch's pure compute time."""
 
     name = "dbs"
+    _STATE = ("batches", "_shares", "_compute", "_samples", "_global")
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         batches = super().start(num_workers, global_batch, b_min, b_max)
@@ -175,6 +198,7 @@ class PIDPolicy(Policy):
     """
 
     name = "pid"
+    _STATE = ("batches", "_integral", "_last_error", "_window", "_global")
 
     def __init__(self, kp=1.0, ki=0.0, kd=0.0, deadband=0.2, every=1):
         for name, value in (("kp", kp), ("ki", ki), ("kd", kd)):
@@ -204,7 +228,7 @@ class PIDPolicy(Policy):
                 self._integral += error
                 gain = self.kp * error + self.ki * self._integral + self.kd * (error - self._last_error)
                 self._last_error = error
-                proposal = allocate(self.batches * np.exp(gain), self._global, self.b_min, self.b_max)
+                proposal = allocate(stats.batches * np.exp(gain), self._global, self.b_min, self.b_max)
                 change = np.abs(proposal - self.batches) / self.batches
                 if change.max() > self.deadband:
                     self.batches = proposal
@@ -212,49 +236,75 @@ class PIDPolicy(Policy):
 
 
 class LBBSPPolicy(Policy):
-    """LB-BSP: batches proportional to each worker's forecast speed, with hysteresis and damping."""
+    """LB-BSP on a step-time model: minimise the predicted slowest finish time, with hysteresis and damping.
+
+    Every rank fits the same per-worker model t_i(b) = (k_i + b) / v_i from the
+    gathered (batch, compute time) pairs (lbbsp.steptime). Each worker's
+    forecast of its next batch-free speed v_i (made off the critical path by
+    its own predictor from its speed history and telemetry, and exchanged; so
+    it comes from the measurements of the step before) replaces the fitted
+    v_i where it is valid, except for `settle` steps after the model saw that
+    worker's speed jump: a forecast made before the jump has not seen it, the
+    fresh fit has. The split minimising max_i t_i(b_i) is then taken if it
+    beats the current one by more than `min_gain` (lbbsp.allocation.Rebalancer).
+    `model` takes a StepTimeModel or a dict of its arguments.
+    """
 
     name = "lbbsp"
     uses_forecast = True
+    _STATE = ("batches", "_speeds", "_since_change")
 
-    def __init__(self, min_gain=0.02, min_step=0.125, rounding="time"):
-        self.min_gain, self.min_step, self.rounding = min_gain, min_step, rounding
-        Rebalancer(1, 1, min_gain=min_gain, min_step=min_step, rounding=rounding)  # validates the arguments now
+    def state(self):
+        return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state())
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.model.load_state(state["model"])
+        self.rebalancer.load_state(state["rebalancer"])
+
+    def __init__(self, min_gain=0.02, min_step=0.125, model=None, settle=3):
+        self.rebalancer = Rebalancer(min_gain, min_step)
+        if isinstance(settle, bool) or not isinstance(settle, int) or settle < 0:
+            raise ValueError(f"settle={settle!r} is not allowed: it must be an integer >= 0")
+        self.settle = settle
+        if model is None or isinstance(model, dict):
+            model = StepTimeModel(**(model or {}))
+        if not isinstance(model, StepTimeModel):
+            raise ValueError(f"model={model!r} is not allowed: give a lbbsp.steptime.StepTimeModel or a dict of its arguments")
+        self.model = model
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         batches = super().start(num_workers, global_batch, b_min, b_max)
-        self._rebalancer = Rebalancer(num_workers, global_batch, b_min, b_max, self.min_gain, self.min_step,
-                                      self.rounding)
+        self.model.start(num_workers)
+        self.rebalancer.start(num_workers)
+        self._speeds = None
+        self._since_change = np.full(num_workers, self.settle)
         return batches
 
-    def _speeds(self, stats):
-        return stats.forecast
+    def speeds(self, forecast):
+        """Batch-free speeds for the next step: the forecasts where valid and settled, else the fitted speeds."""
+        forecast = np.asarray(forecast, dtype=np.float64)
+        good = np.isfinite(forecast) & (forecast > 0) & (self._since_change >= self.settle)
+        return sanitize(np.where(good, forecast, self.model.speeds))
 
     def after_step(self, stats, next_global_batch):
-        self.batches = self._rebalancer.update(self._speeds(stats), next_global_batch)
-        return self.batches.copy()
-
-    def after_epoch(self, next_global_batch):
-        self.batches = self._rebalancer.batches
+        self.model.update(stats.batches, stats.compute)
+        self._since_change = np.where(self.model.changed, 0, self._since_change + 1)
+        speeds = self.speeds(stats.forecast)
+        total = int(self.batches.sum())
+        target = allocate(speeds, total, self.b_min, self.b_max, offsets=self.model.offsets)
+        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, self.b_min,
+                                              self.b_max)
+        self._speeds = speeds
         return self.resize(next_global_batch)
 
-
-class OraclePolicy(LBBSPPolicy):
-    """Knows the true speed of the next step (benchmarks and simulator only): the upper bound."""
-
-    name = "oracle"
-    uses_forecast = False
-
-    def __init__(self):
-        super().__init__(min_gain=0.0, min_step=1.0)
-
-    def _speeds(self, stats):
-        if stats.true_speed is None:
-            raise ValueError("policy 'oracle' needs the true speeds, which only benchmarks and the simulator know")
-        return stats.true_speed
+    def resize(self, global_batch):
+        if int(global_batch) == int(self.batches.sum()) or self._speeds is None:
+            return super().resize(global_batch)
+        return allocate(self._speeds, global_batch, self.b_min, self.b_max, offsets=self.model.offsets)
 
 
-POLICIES = {cls.name: cls for cls in (EqualPolicy, StaticPolicy, DBSPolicy, PIDPolicy, LBBSPPolicy, OraclePolicy)}
+POLICIES = {cls.name: cls for cls in (EqualPolicy, StaticPolicy, DBSPolicy, PIDPolicy, LBBSPPolicy)}
 
 
 def make_policy(policy):

@@ -83,8 +83,3 @@ class History:
             if not math.isnan(value):
                 return value
         return float("nan")
-
-    def level(self, span):
-        """Median of the last `span` valid speeds: the scale learned predictors divide by."""
-        tail = [v for v in list(self.speeds)[-span:] if not math.isnan(v)]
-        return float(np.median(tail)) if tail else float("nan")

@@ -16,7 +16,7 @@ from .telemetry import FEATURES
 __all__ = ["COLUMNS", "write_trace", "read_trace", "list_traces", "TRACE_DIR"]
 
 COLUMNS = ("step", "time", "batch", "step_time", "speed") + FEATURES + ("quota", "hog", "mem")
-TRACE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
+TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
 
 
 def _open(path, mode):

@@ -1,108 +1,181 @@
-"""The framework-free controller: guarded predictions, identical decisions on every rank, history."""
+"""The framework-free decision path: identical decisions on every rank, guarded forecasts, flat-memory records."""
 import logging
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from lbbsp.controller import ROW_FIELDS, BalanceController, GuardedPredictor
-from lbbsp.policies import POLICIES, make_policy
+from lbbsp import exchange
+from lbbsp.controller import BalanceController
+from lbbsp.forecasting import Forecaster
+from lbbsp.history import StepLog
+from lbbsp.policies import POLICIES, LBBSPPolicy, make_policy
 from predictor import EMAPredictor
 
 
 def gathered(forecast, compute, wait=None):
-    n = len(forecast)
-    out = np.full((n, len(ROW_FIELDS)), np.nan)
-    out[:, ROW_FIELDS.index("forecast")] = forecast
-    out[:, ROW_FIELDS.index("compute")] = compute
-    out[:, ROW_FIELDS.index("wait")] = 0.0 if wait is None else wait
+    out = exchange.empty(len(forecast))
+    for name, values in (("forecast", forecast), ("compute", compute), ("wait", 0.0 if wait is None else wait)):
+        out[:, exchange.FIELDS.index(name)] = values
     return out
 
 
-def test_every_rank_decides_the_same_from_the_same_gathered_numbers():
+class Loop:
+    """Drives a controller as the callback does: the split of each step comes from the plans."""
+
+    def __init__(self, controller, size, schedule, **bounds):
+        self.c, self.spe = controller, len(schedule)
+        self.plans = controller.start(size, np.asarray(schedule), **bounds)
+        self.t = 0
+
+    def step(self, make_row):
+        """Run one step with its planned split; `make_row(sizes)` gives the gathered rows. Returns the split."""
+        epoch, step = divmod(self.t, self.spe)
+        sizes = self.plans.pop((epoch, step))
+        key, decided, _ = self.c.decide(epoch, step, make_row(sizes), sizes)
+        self.plans[key] = decided
+        self.t += 1
+        return sizes
+
+
+@pytest.mark.parametrize("plan_ahead", [0, 1, 2])
+def test_every_rank_decides_the_same_from_the_same_gathered_numbers(plan_ahead):
     rng = np.random.default_rng(0)
-    controllers = [BalanceController("lbbsp", "ema", warmup_steps=1) for _ in range(3)]
-    for rank, c in enumerate(controllers):
-        c.start(rank, 3, np.array([60] * 5 + [17]))
-    for step in range(30):
+    loops = [Loop(BalanceController("lbbsp", warmup_steps=1, plan_ahead=plan_ahead), 3, [60] * 5 + [17])
+             for _ in range(3)]
+    for t in range(30):
         g = gathered(rng.uniform(10, 100, 3), rng.uniform(0.01, 0.1, 3))
-        decisions = [c.decide(step // 6, step % 6, g)[0].tolist() for c in controllers]
-        assert decisions[0] == decisions[1] == decisions[2]
-        assert sum(decisions[0]) == (17 if step % 6 == 4 else 60)
+        used = [loop.step(lambda sizes: g).tolist() for loop in loops]
+        assert used[0] == used[1] == used[2]
+        assert sum(used[0]) == (17 if t % 6 == 5 else 60)
 
 
-@pytest.mark.parametrize("name", sorted(set(POLICIES) - {"oracle"}))
+@pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_keeps_sum_and_bounds(name):
-    c = BalanceController(name, "last", warmup_steps=0)
-    c.start(0, 4, np.array([40, 40, 40, 13]), b_min=2, b_max=[30, 30, 30, 30])
+    loop = Loop(BalanceController(name, warmup_steps=0), 4, [40, 40, 40, 13], b_min=2, b_max=[30, 30, 30, 30])
     rng = np.random.default_rng(1)
-    for step in range(24):
-        b, _ = c.decide(step // 4, step % 4, gathered(rng.uniform(1, 9, 4), rng.uniform(0.1, 1, 4)))
-        assert b.sum() == (13 if step % 4 == 2 else 40) and b.min() >= 2 and b.max() <= 30
+    for t in range(24):
+        b = loop.step(lambda sizes: gathered(rng.uniform(1, 9, 4), rng.uniform(0.1, 1, 4)))
+        assert b.sum() == (13 if t % 4 == 3 else 40) and b.min() >= 2 and b.max() <= 30
 
 
-def test_pid_and_lbbsp_move_work_away_from_a_slow_worker():
-    for name, forecast in (("pid", [100.0, 25.0]), ("lbbsp", [100.0, 25.0])):
-        c = BalanceController(name, "last", warmup_steps=0)
-        c.start(0, 2, np.array([100] * 10))
-        for step in range(5):
-            b = c.batches
-            b, _ = c.decide(0, step, gathered(forecast, b / np.array([100.0, 25.0])))
-        assert b.tolist() == [80, 20], name
+@pytest.mark.parametrize("name", ["pid", "lbbsp"])
+@pytest.mark.parametrize("plan_ahead", [0, 1])
+def test_work_moves_away_from_a_slow_worker(name, plan_ahead):
+    v = np.array([100.0, 25.0])
+    loop = Loop(BalanceController(name, warmup_steps=0, plan_ahead=plan_ahead), 2, [100] * 10)
+    for _ in range(8):
+        b = loop.step(lambda sizes: gathered(v, sizes / v))
+    assert b.tolist() == [80, 20], name
+
+
+def test_lbbsp_balances_fixed_costs_in_a_few_steps_where_speed_proportional_splits_do_not():
+    # t_i(b) = (k + b) / v_i with k = 30 samples: proportional-to-samples/s balancing is off,
+    # the step-time model finds the min-max split once two batch sizes were seen.
+    v, k, B = np.array([400.0, 400.0, 200.0, 100.0]), 30.0, 400
+    rng = np.random.default_rng(0)
+    c = BalanceController(LBBSPPolicy(), warmup_steps=0)
+    loop = Loop(c, 4, [B] * 50)
+    best = (B + 4 * k) / v.sum()
+    ratios = []
+    for _ in range(14):
+        b = loop.step(lambda sizes: gathered([np.nan] * 4, (k + sizes) / v * rng.uniform(0.99, 1.01, 4)))
+        ratios.append(best / np.max((k + b) / v))
+    assert min(ratios[6:]) >= 0.95, ratios
+    assert c.policy.model.identified[2:].all()
+    assert c.offsets()[3] == pytest.approx(k, rel=0.3)
 
 
 def test_dbs_rebalances_once_per_epoch():
-    c = BalanceController("dbs", "last", warmup_steps=0)
-    c.start(0, 2, np.array([100] * 3))
-    for step in range(2):
-        b, _ = c.decide(0, step, gathered([1, 1], np.array([50, 50]) / np.array([100.0, 25.0])))
-        assert b.tolist() == [50, 50]
-    b, _ = c.decide(0, 2, gathered([1, 1], np.array([50, 50]) / np.array([100.0, 25.0])))
-    assert b.tolist() == [80, 20]
+    loop = Loop(BalanceController("dbs", warmup_steps=0, plan_ahead=0), 2, [100] * 3)
+    v = np.array([100.0, 25.0])
+    for _ in range(3):
+        assert loop.step(lambda sizes: gathered([1, 1], sizes / v)).tolist() == [50, 50]
+    assert loop.step(lambda sizes: gathered([1, 1], sizes / v)).tolist() == [80, 20]
 
 
-def test_oracle_without_true_speeds_is_a_clear_error():
-    c = BalanceController("oracle", None, warmup_steps=0)
-    c.start(0, 2, np.array([10]))
-    with pytest.raises(ValueError, match="true speeds"):
-        c.decide(0, 0, gathered([1, 1], [1, 1]))
+def test_missing_and_bad_measurements_keep_a_valid_split():
+    loop = Loop(BalanceController("lbbsp", warmup_steps=0), 3, [30] * 10)
+    for t in ([np.nan, 0.1, 0.1], [0.0, -1.0, np.inf], [np.nan] * 3, [0.1, 0.2, 0.3]):
+        b = loop.step(lambda sizes: gathered([np.nan, -5.0, np.inf], t))
+        assert b.sum() == 30 and b.min() >= 1
 
 
-def test_guarded_predictor_falls_back_and_warns_once(caplog):
+def test_state_round_trip_continues_identically():
+    rng = np.random.default_rng(2)
+    rows = [gathered(rng.uniform(10, 100, 3), rng.uniform(0.01, 0.1, 3)) for _ in range(20)]
+    a = Loop(BalanceController("lbbsp", warmup_steps=0), 3, [60] * 10)
+    for t in range(10):
+        a.step(lambda sizes: rows[t])
+    b = Loop(BalanceController("lbbsp", warmup_steps=0), 3, [60] * 10)
+    b.c.load_state(a.c.state())
+    b.plans, b.t = dict(a.plans), a.t
+    for t in range(10, 20):
+        assert a.step(lambda sizes: rows[t]).tolist() == b.step(lambda sizes: rows[t]).tolist()
+    with pytest.raises(ValueError, match="policy 'lbbsp' cannot continue policy 'pid'"):
+        Loop(BalanceController("pid"), 3, [60]).c.load_state(a.c.state())
+
+
+def test_forecaster_falls_back_and_warns_once_per_kind(caplog):
     class Bad(EMAPredictor):
         def forecast(self):
             raise KeyError("nope")
 
-    g = GuardedPredictor(Bad())
+    f = Forecaster(Bad())
     with caplog.at_level(logging.WARNING, logger="lbbsp"):
-        assert np.isnan(g.update(float("nan")))
-        assert g.update(50.0) == 50.0
-        assert g.update(60.0) == 60.0
-    assert g.failures == 3 and caplog.text.count("nope") == 1
+        assert np.isnan(f.update(10, float("nan")))
+        assert f.update(50, 1.0) == 50.0
+        assert f.update(60, 1.0, offset=10.0) == 70.0  # batch-free speed (b + k) / t
+    assert f.failures == 3 and caplog.text.count("nope") == 1
 
 
-def test_guarded_predictor_restarts_when_the_batch_moves():
-    g = GuardedPredictor("ema")
-    for _ in range(10):
-        g.update(100.0, batch=64)
-    assert g.update(50.0, batch=64) == pytest.approx(85.0)  # smoothed within a regime
-    assert g.update(40.0, batch=32) == 40.0  # new batch: a new regime, no smoothing over the old one
-    assert g.restarts == 1
-    with pytest.raises(ValueError, match="batch_reset=0"):
-        GuardedPredictor("ema", batch_reset=0)
+def test_forecaster_treats_absurd_forecasts_like_nan(caplog):
+    class Absurd(EMAPredictor):
+        def _forecast(self):
+            return 1e12
+
+    f = Forecaster(Absurd())
+    with caplog.at_level(logging.WARNING, logger="lbbsp"):
+        assert f.update(100, 1.0) == 100.0
+        assert f.update(120, 1.0) == 120.0
+    assert "far outside" in caplog.text and f.failures == 2
+    with pytest.raises(ValueError, match="absurd=1"):
+        Forecaster("ema", absurd=1)
 
 
-def test_history_and_epoch_summary(tmp_path):
-    c = BalanceController("equal", None, warmup_steps=0)
-    c.start(0, 2, np.array([10, 10]))
-    for step in range(2):
-        c.decide(0, step, gathered([1, 1], [0.1, 0.2]))
-        c.record(time=1.0, epoch=0, step=step, rank=0, global_batch=10, batch=5, compute=0.1, wait=0.1,
-                 step_time=0.25, speed=50.0, forecast=float("nan"), next_batch=5, efficiency=0.75,
-                 overhead=0.001, features=np.zeros(8))
-    summary = c.epoch_summary()
-    assert summary["lbbsp_idle_fraction"] == pytest.approx(0.4) and summary["lbbsp_efficiency"] == pytest.approx(2 / 3)
-    c.write_csv(tmp_path / "h.csv")
-    lines = (tmp_path / "h.csv").read_text().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("time,epoch,step") and "proc_cpu" in lines[0]
+def test_step_log_streams_and_keeps_memory_flat(tmp_path):
+    log = StepLog(tmp_path / "s.csv", keep=10, extra=("proc_cpu",))
+    row = dict(time=1.0, epoch=0, step=0, rank=0, global_batch=10, batch_size=5, compute=0.1, wait=0.1,
+               step_time=0.25, speed=50.0, offset=0.0, forecast=float("nan"), next_batch_size=5, efficiency=0.75,
+               overhead=0.001, proc_cpu=0.5)
+    for _ in range(100):
+        log.add(dict(row), balanced=0.1, slowest=0.2)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(20000):
+        log.add(dict(row), balanced=0.1, slowest=0.2)
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 200_000, grown
+    summary = log.epoch_summary()
+    assert summary["lbbsp_idle_fraction"] == pytest.approx(0.4) and summary["lbbsp_efficiency"] == pytest.approx(0.5)
+    assert log.epoch_summary() == {}
+    log.close()
+    lines = (tmp_path / "s.csv").read_text().splitlines()
+    assert len(lines) == 20101 and lines[0].startswith("time,epoch,step") and lines[0].endswith("proc_cpu")
+    assert len(log.rows) == 10
+    with pytest.raises(ValueError, match="keep=-1"):
+        StepLog(keep=-1)
+
+
+def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="policy='x'"):
         make_policy("x")
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        BalanceController("equal", warmup_steps=-1)
+    with pytest.raises(ValueError, match="plan_ahead=1.5"):
+        BalanceController("equal", plan_ahead=1.5)
+    with pytest.raises(ValueError, match="model=3"):
+        LBBSPPolicy(model=3)
+    with pytest.raises(ValueError, match="forgetting=1.0"):
+        LBBSPPolicy(model={"forgetting": 1.0})

@@ -91,7 +91,7 @@ def entrypoint(*args):
 
 
 def test_entrypoint_outside_docker():
-    assert "Run every policy" in entrypoint("compare", "--help").stdout
+    assert "Run every variant" in entrypoint("compare", "--help").stdout
     bad = entrypoint("compare", "--variants", "fastest")
     assert bad.returncode == 2 and "--variants='fastest' is not allowed" in bad.stdout
     sim = entrypoint("simulate", "--workers", "4", "--steps", "20", "--policies", "equal,oracle")

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbsp.allocation import allocate
-from lbbsp.feed import BalancedFeed
+from lbbsp.feed import BatchFeed
 from lbbsp.sharding import epoch_permutation, global_batch_schedule
 
 
@@ -18,7 +18,7 @@ def test_every_sample_exactly_once_per_epoch(n, size, batch, seed, epoch, b_min)
         with pytest.raises(ValueError, match=f"num_samples={n}"):
             global_batch_schedule(n, batch, size, b_min)
         return
-    feeds = [BalancedFeed(np.arange(n), np.arange(n) * 10, global_batch=batch, seed=seed, b_min=b_min,
+    feeds = [BatchFeed(np.arange(n), np.arange(n) * 10, global_batch=batch, seed=seed, b_min=b_min,
                           rank=rank, size=size) for rank in range(size)]
     rng = np.random.default_rng(seed)
     seen = []
@@ -66,23 +66,23 @@ def test_permutation_same_on_every_rank_and_new_each_epoch():
 ])
 def test_feed_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        BalancedFeed(**kwargs)
+        BatchFeed(**kwargs)
 
 
 def test_feed_rejects_more_workers_than_the_batch_allows():
     with pytest.raises(ValueError, match="global_batch=4"):
-        BalancedFeed(np.zeros(100), global_batch=4, size=5)
+        BatchFeed(np.zeros(100), global_batch=4, size=5)
     with pytest.raises(ValueError, match="rank=2"):
-        BalancedFeed(np.zeros(100), global_batch=4, rank=2, size=2)
+        BatchFeed(np.zeros(100), global_batch=4, rank=2, size=2)
 
 
 def test_feed_rejects_a_tail_step_larger_than_b_max_allows():
     with pytest.raises(ValueError, match="b_max=1"):
-        BalancedFeed(np.zeros(3), global_batch=2, b_max=1, size=2)
+        BatchFeed(np.zeros(3), global_batch=2, b_max=1, size=2)
 
 
 def test_function_source_and_nested_arrays():
-    feed = BalancedFeed.from_function(lambda idx: ({"a": idx * 2}, idx), 10, global_batch=5, shuffle=False,
+    feed = BatchFeed.from_function(lambda idx: ({"a": idx * 2}, idx), 10, global_batch=5, shuffle=False,
                                       rank=1, size=2)
     feed.plan(0, 1, [2, 3])
     x, y = feed.next_batch()
@@ -90,8 +90,8 @@ def test_function_source_and_nested_arrays():
 
 
 def test_plan_rejects_wrong_batches():
-    feed = BalancedFeed(np.zeros(10), global_batch=5, size=2)
+    feed = BatchFeed(np.zeros(10), global_batch=5, size=2)
     with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
         feed.plan(0, 0, [2, 2])
     with pytest.raises(RuntimeError, match="LoadBalancer"):
-        BalancedFeed(np.zeros(10), global_batch=5).next_batch()
+        BatchFeed(np.zeros(10), global_batch=5).next_batch()

@@ -1,18 +1,25 @@
-"""The LoadBalancer Keras callback: thin glue between Keras/Horovod and lbbsp.controller."""
+"""The LoadBalancer Keras callback: adapts Keras events to lbbsp's controller, forecaster and step log."""
+import collections
+import logging
+import math
+import os
+import pickle
 import time
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
-from ..controller import ROW_FIELDS, BalanceController
-from ..feed import BalancedFeed
+from ..controller import BalanceController
+from ..forecasting import Background, BackgroundForecaster, Forecaster
+from ..history import FIELDS, StepLog
+from .data import BalancedFeed
 from .global_metrics import global_metric_results
 from .optimizer import is_balanced_optimizer
 
 __all__ = ["LoadBalancer"]
 
-EXCHANGES = ("fused", "eager")
+log = logging.getLogger(__name__)
+
 #: Keys written into the batch logs at every step.
 STEP_KEYS = ("lbbsp_batch", "lbbsp_speed", "lbbsp_forecast", "lbbsp_compute_ms", "lbbsp_wait_ms")
 
@@ -23,54 +30,69 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     Args:
       feed: the `lbbsp.keras.BalancedFeed` whose `dataset()` is passed to `fit`.
       policy: a name in `lbbsp.policies.POLICIES` ("lbbsp", "equal", "static",
-        "dbs", "pid", "oracle") or a Policy instance.
-      predictor: forecaster of the next step's speed for forecasting policies:
-        "narx" (default), "arx", "ema", "last" or a `predictor.SpeedPredictor`.
-      exchange: "fused" (default) gathers the workers' forecasts inside the
-        train step, with the gradients, at no extra collective; decisions use
-        forecasts one step older. "eager" runs one more allgather after each
-        step (about 0.7 ms with Gloo) for decisions on the freshest forecasts.
+        "dbs", "pid") or a Policy instance.
+      predictor: forecaster of this worker's next batch-free speed, for
+        forecasting policies: "narx" (default), "arx", "ema", "last" or a
+        `predictor.SpeedPredictor`.
       warmup_steps: first steps (tracing, warm-up) whose timings are ignored.
+      plan_ahead: the timings of step t decide the split of step
+        t + 1 + plan_ahead. With 1 (the default) the decision runs on a
+        background thread while step t + 1 trains, so the slowest worker
+        never waits for it; 0 reacts a step sooner, with the decision on the
+        critical path.
       sync_metrics: report loss and metrics summed over all ranks' samples
         (replaces Horovod's MetricAverageCallback, which averages unweighted).
-      csv_path: where each rank writes its per-step history at the end of
-        training; "{rank}" in the path is replaced by the rank.
-      true_speed_fn: benchmarks only, for policy "oracle": `fn(epoch, step)`
-        returns this worker's true (injected) speed at that step; the values
-        of all workers travel in the exchange, so every rank sees the same.
+      csv_path: where each rank streams its per-step records ("{rank}" is
+        replaced by the rank); columns in `lbbsp.history.FIELDS`.
+      keep_steps: how many recent per-step records stay in memory
+        (`history`); None keeps all (memory then grows with the run).
+      state_path: where each rank saves lbbsp's state ("{rank}" is replaced by
+        the rank): the split, the step-time model, the policy's and the
+        predictor's state. Saved at every epoch end and every `state_every`
+        steps; when the file exists at the start of training (a job resumed
+        from a Keras checkpoint, `BackupAndRestore` included), training
+        continues balanced from it. Rank 0's decision state is broadcast, so
+        every rank resumes identically. A pickle: load only your own files.
+      state_every: also save every this many steps (match BackupAndRestore's
+        `save_freq`); None saves at epoch ends only.
 
     Per step it writes `lbbsp_batch`, `lbbsp_speed`, `lbbsp_forecast`,
     `lbbsp_compute_ms` and `lbbsp_wait_ms` into the batch logs; per epoch
-    `lbbsp_batch` (mean), `lbbsp_efficiency`, `lbbsp_straggler`,
-    `lbbsp_idle_fraction` and `lbbsp_overhead_ms` into the epoch logs.
+    `lbbsp_batch` (mean), `lbbsp_efficiency`, `lbbsp_idle_fraction`,
+    `lbbsp_overhead_ms` (plugin time on the step's critical path) and
+    `lbbsp_background_ms` (forecast and decision, off it) into the epoch logs.
     """
 
-    def __init__(self, feed, policy="lbbsp", predictor="narx", exchange="fused", warmup_steps=1,
-                 sync_metrics=True, csv_path=None, true_speed_fn=None):
+    def __init__(self, feed, policy="lbbsp", predictor="narx", warmup_steps=2, plan_ahead=1, sync_metrics=True,
+                 csv_path=None, keep_steps=1000, state_path=None, state_every=None):
         super().__init__()
         if not isinstance(feed, BalancedFeed):
             raise ValueError(f"feed={feed!r} is not allowed: give the lbbsp.keras.BalancedFeed passed to fit()")
-        if exchange not in EXCHANGES:
-            raise ValueError(f"exchange={exchange!r} is not allowed: use one of {EXCHANGES}")
-        if csv_path is not None and not isinstance(csv_path, str):
-            raise ValueError(f"csv_path={csv_path!r} is not allowed: give a path string or None")
-        if true_speed_fn is not None and not callable(true_speed_fn):
-            raise ValueError(f"true_speed_fn={true_speed_fn!r} is not allowed: give a callable or None")
+        for name, value in (("csv_path", csv_path), ("state_path", state_path)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}={value!r} is not allowed: give a path string or None")
+        if state_every is not None and (isinstance(state_every, bool) or not isinstance(state_every, int)
+                                        or state_every < 1):
+            raise ValueError(f"state_every={state_every!r} is not allowed: give an integer >= 1 or None")
+        self.state_path, self.state_every = state_path, state_every
         self.feed = feed
-        self.controller = BalanceController(policy, predictor, warmup_steps)
-        self.exchange = exchange
+        self.controller = BalanceController(policy, warmup_steps, plan_ahead)
+        self.forecaster = Forecaster(predictor) if self.controller.uses_forecast else None
+        self._worker = Background()
+        self._background = BackgroundForecaster(self.forecaster, self._worker) if self.forecaster else None
         self.sync_metrics = bool(sync_metrics)
         self.csv_path = csv_path
-        self.true_speed_fn = true_speed_fn
+        if keep_steps is not None and (isinstance(keep_steps, bool) or not isinstance(keep_steps, int)
+                                       or keep_steps < 0):
+            raise ValueError(f"keep_steps={keep_steps!r} is not allowed: give an integer >= 0 or None (keep all)")
+        self.keep_steps = keep_steps
+        self.steps = StepLog(keep=keep_steps)
         self._telemetry = None
 
     @property
     def history(self):
-        """Per-step rows of this rank (see lbbsp.controller.HISTORY_FIELDS)."""
-        return self.controller.history
-
-    def write_csv(self, path):
-        self.controller.write_csv(path)
+        """The most recent per-step records of this rank (dicts with the keys of lbbsp.history.FIELDS)."""
+        return list(self.steps.rows)
 
     def _check_model(self):
         optimizer = self.model.optimizer
@@ -93,6 +115,16 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             )
         return optimizer._lbbsp_state
 
+    def _open_telemetry(self):
+        wants = (self.forecaster is not None and self.forecaster.uses_features) or self.csv_path
+        if not wants or self._telemetry is not None:
+            return
+        try:
+            from predictor.telemetry import Telemetry
+            self._telemetry = Telemetry()
+        except Exception as exc:  # noqa: BLE001 - no telemetry means no features, never a failed job
+            log.warning("telemetry unavailable (%r); forecasting without machine readings", exc)
+
     def on_train_begin(self, logs=None):
         self._state = self._check_model()
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -101,15 +133,82 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}"
             )
         self.feed.bind(self.rank, self.size)
-        self._batches = self.controller.start(self.rank, self.size, self.feed.schedule,
-                                              self.feed.b_min, self.feed.b_max)
-        wants_features = self.controller.predictor is not None and self.controller.predictor.uses_features
-        if (wants_features or self.csv_path) and self._telemetry is None:
-            from predictor.telemetry import Telemetry
-            self._telemetry = Telemetry()
-        self._state.outbox[:] = np.nan
+        self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max)
+        self._decisions = collections.deque()
+        self._sizes = self._plans[(0, 0)]
+        if self._background is not None:
+            self._background.reset()
+        self._open_telemetry()
+        extra = self._telemetry.features if self._telemetry is not None else ()
+        self.steps.close()
+        self.steps = StepLog(self.csv_path.format(rank=self.rank) if self.csv_path else None, self.keep_steps, extra)
+        self._state.on_local = self._on_local
         self._epoch = 0
         self._train_metrics = {}
+        self.resumed = self._restore() if self.state_path else False
+
+    def _state_file(self):
+        return self.state_path.format(rank=self.rank)
+
+    def _save(self, epoch, step):
+        predictor = self.forecaster.predictor if self.forecaster is not None else None
+        self._drain()
+        data = {"version": 1, "epoch": epoch, "step": step, "controller": self.controller.state(),
+                "predictor": predictor}
+        tmp = f"{self._state_file()}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self._state_file())
+
+    def _restore(self):
+        """Continue from the saved state if rank 0 has one; True when the decision state was restored."""
+        saved = None
+        if os.path.exists(self._state_file()):
+            try:
+                with open(self._state_file(), "rb") as fh:
+                    saved = pickle.load(fh)
+            except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
+                log.warning("lbbsp state %s unreadable (%r); starting from equal batches", self._state_file(), exc)
+        shared = hvd.broadcast_object(saved["controller"] if saved and self.rank == 0 else None, root_rank=0,
+                                      name="lbbsp_state")
+        if shared is None:
+            return False
+        try:
+            self.controller.load_state(shared)
+        except (ValueError, KeyError) as exc:  # the same on every rank: all start fresh together
+            log.warning("lbbsp state does not fit this job (%s); starting from equal batches", exc)
+            self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max)
+            return False
+        self._plans = {}  # the first step of the resumed run plans from the restored split
+        predictor = saved.get("predictor") if saved else None
+        if self.forecaster is not None and predictor is not None and \
+                type(predictor) is type(self.forecaster.predictor):
+            self.forecaster.predictor = predictor
+        log.info("lbbsp resumed from %s (saved at epoch %s, step %s)", self._state_file(),
+                 saved["epoch"] if saved else "?", saved["step"] if saved else "?")
+        return True
+
+    def _on_local(self, compute):
+        """Runs in the train step once this worker's gradients exist: read telemetry, queue the forecast.
+
+        The forecast sent is the newest one the background thread finished
+        (from the previous step's measurement), so the predictor never delays
+        this worker's allreduce.
+        """
+        started = time.perf_counter()
+        features = None
+        if self._telemetry is not None:
+            try:
+                features = self._telemetry.sample()
+            except Exception as exc:  # noqa: BLE001 - telemetry that fails degrades to no features
+                log.warning("telemetry failed (%r); forecasting without machine readings from now on", exc)
+                self._telemetry = None
+        forecast = math.nan
+        offset = float(self.controller.offsets()[self.rank])
+        if self._background is not None and self.controller.steps_seen >= self.controller.warmup_steps:
+            forecast = self._background.submit(int(self._sizes[self.rank]), compute, offset, features)
+        self._local = (compute, offset, forecast, features, time.perf_counter() - started)
+        return {"forecast": forecast}
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -117,57 +216,85 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         # Work between epochs (validation, checkpoints) is not part of any step's busy time.
         self._state.restart_clock()
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def _collect(self):
+        """Wait for the oldest queued decision and file its split under the step it is for."""
+        key, sizes = self._decisions.popleft().result()
+        self._plans[key] = sizes
+
+    def _drain(self):
+        while self._decisions:
+            self._collect()
+
+    def on_train_batch_begin(self, step, logs=None):
         started = time.perf_counter()
         self._t_begin = time.time()
-        self.feed.plan(self._epoch, batch, self._batches)
-        self._state.set_scale(self._batches[self.rank] / float(self.feed.schedule[batch]))
+        key = (self._epoch, step)
+        while key not in self._plans and self._decisions:
+            self._collect()  # usually done long ago: it ran while the previous step trained
+        if key not in self._plans:  # first step of a resumed run: continue from the current split
+            self._plans.update(self.controller.initial_plans(*key))
+        self._sizes = self._plans.pop(key)
+        for old in [k for k in self._plans if k < key]:
+            del self._plans[old]
+        self.feed.plan(self._epoch, step, self._sizes)
+        self._state.set_scale(self._sizes[self.rank] / float(self.feed.schedule[step]))
         self._steps_before = self._state.steps
+        self._local = None
         self._overhead = time.perf_counter() - started
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, step, logs=None):
         t_end = time.time()
         started = time.perf_counter()
         state = self._state
-        local = int(self._batches[self.rank])
-        if self.feed.served != (self._epoch, batch, local) or self.feed.serves != 1:
+        local = int(self._sizes[self.rank])
+        if self.feed.served != (self._epoch, step, local) or self.feed.serves != 1:
             raise RuntimeError(
-                f"lbbsp: step {batch} of epoch {self._epoch} should have read {local} samples once but the feed "
+                f"lbbsp: step {step} of epoch {self._epoch} should have read {local} samples once but the feed "
                 f"served {self.feed.served} {self.feed.serves} time(s); the dataset was prefetched or wrapped "
                 "(pass feed.dataset() to fit unchanged)"
             )
-        if state.steps != self._steps_before + 1:
+        if state.steps != self._steps_before + 1 or self._local is None:
             raise RuntimeError(
                 "lbbsp: the train step did not go through lbbsp.keras.DistributedOptimizer's gradients "
                 "(a custom train_step must call optimizer.minimize or optimizer.compute_gradients)"
             )
-        compute = float(state.gathered[self.rank, ROW_FIELDS.index("compute")])
+        compute, offset, forecast, features, local_cost = self._local
         wait = state.done - state.ready
-        speed = local / compute if compute > 0 else float("nan")
-        features = self._telemetry.sample() if self._telemetry is not None else None
-        forecast = self.controller.forecast(speed, features, local)
-        true = float(self.true_speed_fn(self._epoch, batch + 1)) if self.true_speed_fn else float("nan")
-        if self.exchange == "eager":
-            row = tf.constant([[forecast, wait, true, compute]], dtype=tf.float64)
-            gathered = hvd.allgather(row, name="lbbsp_eager_stats").numpy()
-        else:
-            gathered = state.gathered
-        current = self._batches
-        self._batches, stats = self.controller.decide(self._epoch, batch, gathered)
-        state.outbox[:] = (forecast, wait, true)
-        if batch + 1 >= self.feed.steps_per_epoch and self.sync_metrics:
-            self._train_metrics = global_metric_results(self.model)
-        overhead = self._overhead + time.perf_counter() - started
-        self.controller.record(
-            time=t_end, epoch=self._epoch, step=batch, rank=self.rank, global_batch=int(current.sum()),
-            batch=local, compute=compute, wait=wait, step_time=t_end - self._t_begin, speed=speed,
-            forecast=forecast, next_batch=int(self._batches[self.rank]), efficiency=stats.efficiency,
-            overhead=overhead, features=features,
+        row = dict(
+            time=t_end, epoch=self._epoch, step=step, rank=self.rank, global_batch=int(self._sizes.sum()),
+            batch_size=local, compute=compute, wait=wait, step_time=t_end - self._t_begin,
+            speed=(local + offset) / compute if compute > 0 else math.nan, offset=offset, forecast=forecast,
         )
+        if features is not None:
+            row.update(zip(self.steps.columns[len(FIELDS):], (float(v) for v in features)))
+        row["overhead"] = self._overhead + local_cost + time.perf_counter() - started
+        self._decisions.append(self._worker.submit(self._decide, self._epoch, step, state.gathered.copy(),
+                                                   self._sizes, row))
+        if self.controller.plan_ahead == 0:
+            self._collect()
+        if step + 1 >= self.feed.steps_per_epoch and self.sync_metrics:
+            self._train_metrics = global_metric_results(self.model)
+        if self.state_path and self.state_every and (step + 1) % self.state_every == 0:
+            self._save(self._epoch, step)
         if logs is not None:
-            logs.update(zip(STEP_KEYS, (local, speed, forecast, 1e3 * compute, 1e3 * wait)))
+            logs.update(zip(STEP_KEYS, (local, row["speed"], forecast, 1e3 * compute, 1e3 * wait)))
+
+    def _decide(self, epoch, step, gathered, sizes, row):
+        """Background thread: the decision from this step's gathered rows, and this step's record."""
+        started = time.perf_counter()
+        key, decided, stats = self.controller.decide(epoch, step, gathered, sizes)
+        balanced, slowest = self.controller.balance(stats)
+        row.update(next_batch_size=int(decided[self.rank]), efficiency=balanced / slowest if slowest > 0 else math.nan)
+        forecast_seconds = self._background.seconds if self._background is not None else 0.0
+        row["background"] = time.perf_counter() - started + forecast_seconds
+        self.steps.add(row, balanced, slowest)
+        return key, decided
 
     def on_epoch_end(self, epoch, logs=None):
+        self._drain()
+        self.steps.flush()
+        if self.state_path:
+            self._save(epoch, self.feed.steps_per_epoch - 1)
         if logs is None:
             return
         # Keras copies the last step's batch logs into the epoch logs: keep only epoch figures.
@@ -176,8 +303,12 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         logs.update(self._train_metrics)
         if self.sync_metrics and any(key.startswith("val_") for key in logs):
             logs.update(global_metric_results(self.model, prefix="val_"))
-        logs.update(self.controller.epoch_summary())
+        logs.update(self.steps.epoch_summary())
 
     def on_train_end(self, logs=None):
-        if self.csv_path:
-            self.write_csv(self.csv_path.format(rank=self.rank))
+        self._drain()
+        if self._background is not None:
+            self._background.wait()
+        self._worker.close()
+        self.steps.close()
+        self._state.on_local = None

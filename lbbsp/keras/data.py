@@ -1,4 +1,4 @@
-"""tf.data adapter for BalancedFeed: one dataset whose batch size may change at every step.
+"""tf.data adapter for lbbsp.feed.BatchFeed: one dataset whose batch size may change at every step.
 
 The batch dimension is declared unknown (None), so Keras traces its train
 function once for all batch sizes. The generator runs inside the train step
@@ -9,7 +9,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..feed import BalancedFeed as _CoreFeed
+from ..feed import BatchFeed
 from ..feed import _map
 
 __all__ = ["BalancedFeed"]
@@ -20,8 +20,8 @@ def _spec(leaf):
     return tf.TensorSpec(shape=(None,) + leaf.shape[1:], dtype=tf.as_dtype(leaf.dtype))
 
 
-class BalancedFeed(_CoreFeed):
-    """lbbsp.feed.BalancedFeed bound to this Horovod rank, with `dataset()` for `model.fit`.
+class BalancedFeed(BatchFeed):
+    """lbbsp.feed.BatchFeed bound to this Horovod rank, with `dataset()` for `model.fit`.
 
     Call `hvd.init()` first.
     """

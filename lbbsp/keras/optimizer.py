@@ -14,19 +14,20 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..controller import OUTBOX_FIELDS, ROW_FIELDS
+from .. import exchange
 
 __all__ = ["DistributedOptimizer", "BalanceState", "is_balanced_optimizer"]
-
 
 
 class BalanceState:
     """Per-rank state shared by the optimizer graph and the callback.
 
-    The graph hands values to Python through two numpy_functions (about 0.1 ms
-    each here, far cheaper than eager variable reads and writes), so the
-    callback itself runs no TensorFlow op per step. Only the gradient scale is
-    a variable, written when it changes. A plain object, not a Trackable, so
+    The graph hands values to Python through two numpy_functions (far cheaper
+    than eager variable reads and writes), so the callback itself runs no
+    TensorFlow op per step. Only the gradient scale is a variable, written
+    when it changes. `on_local` (set by the callback) is called when this
+    worker's gradients exist, with its compute seconds, and returns the rest
+    of its exchanged row (its forecast). A plain object, not a Trackable, so
     none of this ends up in the user's checkpoints or saved models.
     """
 
@@ -36,9 +37,9 @@ class BalanceState:
             self.scale = tf.Variable(1.0 / size, trainable=False, dtype=tf.float32, name="lbbsp_scale")
         self._scale_value = 1.0 / size
         self.rank = int(rank)
-        self.outbox = np.full(len(OUTBOX_FIELDS), np.nan)
-        self._rows = np.zeros((self.size, len(ROW_FIELDS)), dtype=np.float32)
-        self.gathered = np.full((self.size, len(ROW_FIELDS)), np.nan)
+        self.on_local = None
+        self._rows = exchange.empty(self.size, np.float32, 0.0)
+        self.gathered = exchange.empty(self.size)
         self.begin = None
         self.ready = self.done = float("nan")
         self.steps = 0
@@ -55,13 +56,13 @@ class BalanceState:
         self.begin = time.time() if now is None else now
 
     def on_ready(self):
-        """Graph callback when the local gradients exist: this worker's stats row in an (N, 4) matrix of zeros."""
+        """Graph callback when the local gradients exist: this worker's row in an (N, fields) matrix of zeros."""
+        wait = self.done - self.ready  # blocked in the previous step's allreduce (NaN at the first step)
         self.ready = time.time()
         begin = self.begin if self.begin is not None else self.ready
-        self._rows[:] = 0.0
-        self._rows[self.rank, :-1] = self.outbox
-        self._rows[self.rank, -1] = self.ready - begin
-        return self._rows
+        compute = self.ready - begin
+        local = self.on_local(compute) if self.on_local is not None else {}
+        return exchange.pack_local(self._rows, self.rank, compute=compute, wait=wait, **local)
 
     def on_done(self, gathered):
         """Graph callback when the gradient and stats allreduces are done: keep every rank's row."""
@@ -87,9 +88,9 @@ def _tensor_of(grad):
 def _reduce(optimizer, grads):
     """Scale and sum-allreduce the gradients, exchange the stats rows, time both. Runs in the train graph.
 
-    The stats rows travel in a sum-allreduce too: rank i writes its row into
-    row i of an (N, 4) float32 matrix of zeros, so the sum holds every rank's
-    row. With `grouped` (the default) the dense gradients and the stats go in
+    The rows of lbbsp.exchange travel in a sum-allreduce too: rank i writes
+    its row into row i of an (N, fields) float32 matrix of zeros, so the sum
+    holds every rank's row. With `grouped` (the default) the dense gradients and the stats go in
     one grouped allreduce: one negotiation, one fused collective. Otherwise
     each gradient is reduced as soon as it exists, which lets communication
     overlap the rest of the backward pass (worth it for large models on GPUs),
@@ -99,7 +100,7 @@ def _reduce(optimizer, grads):
     compression = optimizer._lbbsp_compression
     with tf.control_dependencies([_tensor_of(g) for g in grads if g is not None]):
         row = tf.numpy_function(state.on_ready, [], tf.float32, stateful=True, name="lbbsp_ready")
-    rows = tf.reshape(row, [state.size, len(ROW_FIELDS)])
+    rows = tf.reshape(row, [state.size, len(exchange.FIELDS)])
     scaled = [None if g is None else _scale(g, state.scale) for g in grads]
     reduced = list(scaled)
     dense = [i for i, g in enumerate(scaled) if g is not None and not isinstance(g, tf.IndexedSlices)]
@@ -143,9 +144,9 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     """Wrap a Keras optimizer for load-balanced BSP (use instead of `hvd.DistributedOptimizer`).
 
     `grouped=True` reduces all dense gradients and the stats in one grouped
-    allreduce (fastest on CPU workers: +1.4% over plain Horovod here, against
-    +8.7% one tensor at a time); `grouped=False` reduces each gradient as soon
-    as it exists, overlapping communication with the backward pass.
+    allreduce (one negotiation: the cheapest on CPU workers); `grouped=False`
+    reduces each gradient as soon as it exists, overlapping communication
+    with the backward pass (worth it for large models on GPUs).
 
     Works with the Keras 2.15 optimizers (`tf.keras.optimizers.*`) and the
     legacy ones (`tf.keras.optimizers.legacy.*`). The returned optimizer has

@@ -1,4 +1,4 @@
-"""Shared start-up of the multi-process test workers: one thread per worker, quiet TensorFlow, Horovod up."""
+"""Shared start-up of the multi-process test workers (the benchmarks' start-up) and test predictors."""
 import os
 import sys
 
@@ -6,15 +6,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def init_worker():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    from benchmarks.runtime import init_worker as start
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import horovod.tensorflow.keras as hvd
-
-    hvd.init()
-    return hvd, tf
+    return start(pin=False)
 
 
 def make_test_predictors():

@@ -59,7 +59,7 @@ if hvd.rank() == 0:
     ref_val = ref.evaluate(x_val, y_val, batch_size=7, verbose=0, return_dict=True)
     result = {
         "max_weight_diff": diff,
-        "batches": sorted({r["batch"] for r in balancer.history}),
+        "batches": sorted({r["batch_size"] for r in balancer.history}),
         "schedule": feed.schedule.tolist(),
         "lbbsp_loss": hist.history["loss"], "ref_loss": [r["loss"] for r in losses],
         "lbbsp_mae": hist.history["mae"], "ref_mae": [r["mae"] for r in losses],

@@ -4,7 +4,7 @@ Also checks that every rank took the same decision at every step, that the
 train function was traced once for all batch sizes, and (with 'failing') that
 a predictor which raises or returns NaN/inf/<=0 on one rank neither kills
 nor hangs the job.
-Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON EXCHANGE PREDICTOR(random|failing)
+Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing)
 """
 import json
 import sys
@@ -15,9 +15,10 @@ from _common import init_worker, make_test_predictors
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
+from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
 
-out_path, exchange, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+out_path, kind = sys.argv[1], sys.argv[2]
 RandomPredictor, FailingPredictor = make_test_predictors()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
@@ -36,7 +37,7 @@ class Decisions(tf.keras.callbacks.Callback):
         self.balancer, self.log = balancer, []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.log.append(self.balancer.controller.batches.tolist())
+        self.log.append(self.balancer._sizes.tolist())  # the split this step used
 
 
 tf.keras.utils.set_random_seed(0)
@@ -44,9 +45,7 @@ model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_s
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
 feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
 predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
-balancer = lb.LoadBalancer(feed, policy="lbbsp", predictor=predictor,
-                           exchange=exchange, warmup_steps=0)
-balancer.controller.policy.min_gain = 0.0
+balancer = lb.LoadBalancer(feed, policy=LBBSPPolicy(min_gain=0.0), predictor=predictor, warmup_steps=0)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
 read.clear()  # dataset() read one sample to learn the element signature
@@ -62,7 +61,7 @@ mine = {
     "decisions": decisions.log,
     "batch_sizes": sorted({len(r) for r in read}),
     "tracing_count": model.train_function.experimental_get_tracing_count(),
-    "predictor_failures": balancer.controller.predictor.failures,
+    "predictor_failures": balancer.forecaster.failures,
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
 }
 everyone = allgather_object(mine)

@@ -3,7 +3,7 @@
 Rank 1 runs under a cgroup CPU quota (0.3 cores) where cgroups are writable,
 else next to a busy process pinned to its core. Both policies train in the
 same run, one after the other; epoch times exclude the first (warm-up) epoch.
-Usage: horovodrun -np 2 python tests/mp/slowed.py OUT_JSON [POLICY] [EXCHANGE]
+Usage: horovodrun -np 2 python tests/mp/slowed.py OUT_JSON [POLICY]
 """
 import contextlib
 import json
@@ -18,11 +18,10 @@ from _common import init_worker
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
-from lbbsp.contention import CpuHog, CpuQuota, cgroups_writable, pin_to_cores  # noqa: E402
+from benchmarks.contention import CpuHog, CpuQuota, cgroups_writable, pin_to_cores  # noqa: E402
 
 out_path = sys.argv[1]
 policy = sys.argv[2] if len(sys.argv) > 2 else "lbbsp"
-exchange = sys.argv[3] if len(sys.argv) > 3 else "fused"
 rank, size = hvd.rank(), hvd.size()
 cores = sorted(os.sched_getaffinity(0))
 pin_to_cores([cores[rank % len(cores)]])
@@ -53,13 +52,13 @@ def run(policy_name):
     model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     feed = lb.BalancedFeed(x, y, global_batch=256, seed=1)
-    balancer = lb.LoadBalancer(feed, policy=policy_name, predictor="ema", exchange=exchange,
+    balancer = lb.LoadBalancer(feed, policy=policy_name, predictor="ema",
                                csv_path=os.environ.get("LBBSP_TEST_CSV", "").format(policy=policy_name) or None)
     timer = EpochTimer()
     model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=4, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, timer])
     tail = [r for r in balancer.history if r["epoch"] >= 2]
-    return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch"] for r in tail])),
+    return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
             "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history]))}
 
 
@@ -74,10 +73,10 @@ with slow if rank == 1 and use_quota else contextlib.nullcontext():
         result = {"equal": run("equal"), policy: run(policy)}
     finally:
         if rank == 1 and not use_quota:
-            slow.stop()
+            slow.close()
 
 gathered = allgather_object(result)
 if rank == 0:
     with open(out_path, "w") as fh:
         json.dump({"slowdown": "cgroup quota 0.3 cores" if use_quota else "co-located CPU hog",
-                   "policy": policy, "exchange": exchange, "ranks": gathered}, fh)
+                   "policy": policy, "ranks": gathered}, fh)

@@ -1,9 +1,10 @@
 """Real heterogeneity on one machine: cgroup CPU quotas, co-located CPU hogs, core pinning.
 
-Used by the tests, the benchmarks and the trace recorder. `CpuQuota` does
-what `docker --cpus` does (cgroup v1 `cpu.cfs_quota_us`, or v2 `cpu.max`)
-and can change the quota while a worker runs; `CpuHog` is a busy process
-pinned next to a worker, the non-dedicated setting LB-BSP targets.
+Used by the benchmarks, the trace recorder and the tests (never by the
+library). `CpuQuota` does what `docker --cpus` does (cgroup v1
+`cpu.cfs_quota_us`, or v2 `cpu.max`) and can change the quota while a worker
+runs; `CpuHog` is a busy process pinned next to a worker, the non-dedicated
+setting LB-BSP targets, switched on and off instantly (SIGCONT/SIGSTOP).
 """
 import logging
 import os
@@ -86,6 +87,20 @@ class CpuQuota:
         """Move process `pid` (all its threads) into the group."""
         self._write("cgroup.procs", int(pid))
 
+    def throttled_seconds(self):
+        """Total time the group was throttled (cpu.stat), in seconds."""
+        try:
+            with open(os.path.join(self.path, "cpu.stat")) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "throttled_time":
+                        return int(value) / 1e9
+                    if key == "throttled_usec":
+                        return int(value) / 1e6
+        except OSError:
+            pass
+        return 0.0
+
     def pids(self):
         with open(os.path.join(self.path, "cgroup.procs")) as fh:
             return [int(line) for line in fh if line.strip()]
@@ -110,54 +125,68 @@ class CpuQuota:
 
 
 class CpuHog:
-    """A busy-looping process pinned to `cores`; `start()`/`stop()` switch it on and off."""
+    """A busy-looping process pinned to `cores`: `start()` runs it, `stop()` pauses it, `close()` ends it.
+
+    The process is spawned once; switching is a signal (SIGCONT/SIGSTOP), so
+    a scenario event takes effect at once and costs the worker nothing.
+    """
 
     def __init__(self, cores):
         self.cores = sorted(int(c) for c in cores)
         self._proc = None
+        self.running = False
 
-    @property
-    def running(self):
+    def _code(self):
+        return f"import os; os.sched_setaffinity(0, {self.cores!r})\nwhile True: pass"
+
+    def _alive(self):
         return self._proc is not None and self._proc.poll() is None
 
     def start(self):
         if self.running:
             return
-        code = f"import os; os.sched_setaffinity(0, {self.cores!r})\nwhile True: pass"
-        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self._alive():
+            self._proc.send_signal(signal.SIGCONT)
+        else:
+            self._proc = subprocess.Popen([sys.executable, "-c", self._code()], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.running = True
 
     def stop(self):
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGKILL)
-                self._proc.wait()
-            self._proc = None
+        if self.running and self._alive():
+            self._proc.send_signal(signal.SIGSTOP)
+        self.running = False
+
+    def close(self):
+        if self._alive():
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+        self._proc = None
+        self.running = False
 
     def __enter__(self):
         self.start()
         return self
 
     def __exit__(self, *exc):
-        self.stop()
+        self.close()
 
 
 class MemoryHog(CpuHog):
-    """A process that holds `megabytes` of memory and keeps rewriting it (memory pressure and bandwidth)."""
+    """A process that holds `megabytes` of memory and keeps rewriting it; `stop()` ends it (frees the memory)."""
 
     def __init__(self, cores, megabytes=1024):
         super().__init__(cores)
         self.megabytes = int(megabytes)
 
-    def start(self):
-        if self.running:
-            return
-        code = (f"import os; os.sched_setaffinity(0, {self.cores!r})\n"
+    def _code(self):
+        return (f"import os; os.sched_setaffinity(0, {self.cores!r})\n"
                 f"buf = bytearray({self.megabytes} * 2**20)\n"
                 "while True:\n"
                 "    for i in range(0, len(buf), 4096): buf[i] = (buf[i] + 1) & 255\n")
-        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        self.close()
 
 
 def pin_to_cores(cores, pid=None):

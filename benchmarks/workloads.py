@@ -1,7 +1,12 @@
 """Models and built-in data for the benchmarks and the trace recorder (no downloads).
 
 - "mlp": a synthetic throughput workload in the style of Horovod's synthetic
-  benchmark (random inputs and labels, a dense network).
+  benchmark (random inputs and labels, a dense network): a large gradient,
+  so the allreduce is a big part of a CPU step.
+- "conv": shaped like GPU training, where compute dominates: heavy
+  convolutions on 24x24 images with few parameters (about 14k, a 56 kB
+  gradient). Images are class templates plus noise, so accuracy is
+  meaningful.
 - "cnn": a small CNN on scikit-learn's handwritten digits (1,797 real 8x8
   images that ship inside the scikit-learn package), for accuracy.
 """
@@ -9,7 +14,7 @@ import numpy as np
 
 __all__ = ["WORKLOADS", "load_data", "build_model"]
 
-WORKLOADS = ("mlp", "cnn")
+WORKLOADS = ("mlp", "conv", "cnn")
 
 
 def _check(name):
@@ -25,6 +30,13 @@ def load_data(name, seed=0, num_samples=8192, width=64):
         x = rng.normal(size=(num_samples, width)).astype(np.float32)
         y = rng.integers(0, 10, size=num_samples).astype(np.int64)
         return x, y, x[:512], y[:512]
+    if name == "conv":
+        rng = np.random.default_rng(seed)
+        templates = rng.normal(size=(10, 24, 24, 3)).astype(np.float32)
+        total = num_samples + 512
+        y = rng.integers(0, 10, size=total).astype(np.int64)
+        x = (templates[y] + 2.0 * rng.normal(size=(total, 24, 24, 3))).astype(np.float32)
+        return x[:num_samples], y[:num_samples], x[num_samples:], y[num_samples:]
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
@@ -49,6 +61,16 @@ def build_model(name, hidden=512, width=64, seed=0):
         return tf.keras.Sequential([
             layers.Dense(hidden, activation="relu", input_shape=(width,)),
             layers.Dense(hidden, activation="relu"),
+            layers.Dense(10),
+        ])
+    if name == "conv":
+        return tf.keras.Sequential([
+            layers.Conv2D(16, 3, padding="same", activation="relu", input_shape=(24, 24, 3)),
+            layers.Conv2D(24, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(2),
+            layers.Conv2D(32, 3, padding="same", activation="relu"),
+            layers.Conv2D(32, 3, padding="same", activation="relu"),
+            layers.GlobalAveragePooling2D(),
             layers.Dense(10),
         ])
     return tf.keras.Sequential([

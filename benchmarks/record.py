@@ -1,17 +1,12 @@
 """Record a real speed trace: a Keras training worker while its resources change, one CSV row per step.
 
-    python -m predictor.record --scenario hog --workload mlp --batch 64 --steps 5000 --out traces/hog_mlp_b64.csv.gz
+    python -m benchmarks.record --scenario hog --workload mlp --batch 64 --steps 5000 \
+        --out predictor/data/traces/hog_mlp_b64.csv.gz
 
-The worker is pinned to one core. Scenarios (all switches at random times,
-seeded, durations drawn uniformly from --min-hold..--max-hold seconds):
-
-  steady  nothing changes (the machine's own noise only)
-  quota   the worker's cgroup CPU quota jumps between 1.0, 0.75, 0.5 and 0.3 cores
-  hog     a busy process pinned to the worker's core switches on and off
-  memory  a process rewriting 2 GiB switches on and off (memory pressure), plus rare hogs
-  mixed   quota changes and the hog, independently
-
-quota and mixed need a writable cgroup CPU controller (root); the others run anywhere.
+The worker is pinned to one core. Scenarios are listed in SCENARIOS (all
+switches at random times, seeded, durations drawn uniformly from
+--min-hold..--max-hold seconds); quota and mixed need a writable cgroup CPU
+controller (root), the others run anywhere.
 """
 import argparse
 import logging
@@ -22,9 +17,15 @@ import time
 
 import numpy as np
 
-log = logging.getLogger("predictor.record")
+log = logging.getLogger("benchmarks.record")
 
-SCENARIOS = ("steady", "quota", "hog", "memory", "mixed")
+SCENARIOS = {
+    "steady": "nothing changes (the machine's own noise only)",
+    "quota": "the worker's cgroup CPU quota jumps between 1.0, 0.75, 0.5 and 0.3 cores",
+    "hog": "a busy process pinned to the worker's core switches on and off",
+    "memory": "a process rewriting 2 GiB switches on and off (memory pressure), plus rare hogs",
+    "mixed": "quota changes and the hog, independently",
+}
 QUOTAS = (1.0, 0.75, 0.5, 0.3)
 
 
@@ -32,7 +33,7 @@ class Contention:
     """Drives the injected state of a scenario from a background thread; `state` is read per step."""
 
     def __init__(self, scenario, core, seed, min_hold, max_hold):
-        from lbbsp.contention import CpuHog, CpuQuota, MemoryHog
+        from .contention import CpuHog, CpuQuota, MemoryHog
 
         self.rng = np.random.default_rng(seed)
         self.scenario, self.min_hold, self.max_hold = scenario, min_hold, max_hold
@@ -79,8 +80,8 @@ class Contention:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.hog.stop()
-        self.mem.stop()
+        self.hog.close()
+        self.mem.close()
         if self.quota is not None:
             self.quota.close()
 
@@ -89,9 +90,10 @@ def record(scenario, workload, batch, steps, seed, core, min_hold, max_hold):
     """Run the worker and return (rows, comments)."""
     import tensorflow as tf
 
-    from lbbsp.contention import pin_to_cores
-    from lbbsp.workloads import build_model, load_data
     from predictor.telemetry import FEATURES, Telemetry
+
+    from .contention import pin_to_cores
+    from .workloads import build_model, load_data
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -122,18 +124,18 @@ def record(scenario, workload, batch, steps, seed, core, min_hold, max_hold):
     with Contention(scenario, core, seed, min_hold, max_hold) as contention:
         model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[Recorder()])
     comments = [
-        f"recorded by: python -m predictor.record --scenario {scenario} --workload {workload} --batch {batch} "
+        f"recorded by: python -m benchmarks.record --scenario {scenario} --workload {workload} --batch {batch} "
         f"--steps {steps} --seed {seed} --core {core} --min-hold {min_hold} --max-hold {max_hold}",
         f"machine: {os.cpu_count()} cores, tensorflow {tf.__version__}, one intra-op and one inter-op thread",
-        f"scenario {scenario}: {__doc__.split(scenario + ' ', 1)[1].splitlines()[0].strip()}",
+        f"scenario {scenario}: {SCENARIOS[scenario]}",
     ]
     return rows, comments
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=SCENARIOS, required=True)
-    parser.add_argument("--workload", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--scenario", choices=list(SCENARIOS), required=True)
+    parser.add_argument("--workload", choices=("mlp", "conv", "cnn"), default="mlp")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
@@ -147,7 +149,7 @@ def main(argv=None):
     if not 0 < args.min_hold <= args.max_hold:
         parser.error(f"--min-hold={args.min_hold} and --max-hold={args.max_hold}: need 0 < min <= max")
     if args.scenario in ("quota", "mixed"):
-        from lbbsp.contention import cgroups_writable
+        from .contention import cgroups_writable
         if not cgroups_writable():
             parser.error(f"--scenario {args.scenario} needs a writable cgroup CPU controller (run as root)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -1,0 +1,76 @@
+"""Per-step records of one rank with flat memory: rows stream to a CSV, epoch figures are running sums.
+
+A job of a million steps keeps at most `keep` rows in memory (for
+inspection and tests) and a few sums per epoch, whatever its length.
+"""
+import collections
+import csv
+import math
+
+__all__ = ["StepLog", "FIELDS"]
+
+#: Columns of the per-step CSV (telemetry features follow where they were read).
+FIELDS = (
+    "time", "epoch", "step", "rank", "global_batch", "batch_size", "compute", "wait", "step_time",
+    "speed", "offset", "forecast", "next_batch_size", "efficiency", "overhead", "background",
+)
+
+
+class StepLog:
+    """Rows of FIELDS (plus `extra` columns) for one rank; see the module docstring."""
+
+    def __init__(self, path=None, keep=1000, extra=()):
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise ValueError(f"keep={keep!r} is not allowed: give an integer >= 0 or None (keep every row)")
+        self.path, self.columns = path, FIELDS + tuple(extra)
+        self.rows = collections.deque(maxlen=keep)
+        self._fh = self._writer = None
+        self.steps = 0
+        self._reset_epoch()
+
+    def _reset_epoch(self):
+        self._n = 0
+        self._sums = collections.Counter()
+        self._eff = [0.0, 0.0]
+
+    def add(self, row, balanced=None, slowest=None):
+        """Record one step; `balanced` and `slowest` (seconds) feed the epoch's efficiency when known."""
+        if self.path and self._writer is None:
+            self._fh = open(self.path, "w", newline="")
+            self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="ignore")
+            self._writer.writeheader()
+        if self._writer is not None:
+            self._writer.writerow(row)
+        self.rows.append(row)
+        self.steps += 1
+        self._n += 1
+        for key in ("batch_size", "wait", "step_time", "overhead", "background"):
+            value = row.get(key, math.nan)
+            if math.isfinite(value):
+                self._sums[key] += value
+        if balanced is not None and slowest is not None and math.isfinite(balanced) and slowest > 0:
+            self._eff[0] += balanced
+            self._eff[1] += slowest
+
+    def epoch_summary(self):
+        """Figures over the rows added since the last call (then reset): mean batch, idle fraction, ..."""
+        out = {}
+        if self._n:
+            s = self._sums
+            out["lbbsp_batch"] = s["batch_size"] / self._n
+            out["lbbsp_idle_fraction"] = s["wait"] / s["step_time"] if s["step_time"] > 0 else 0.0
+            out["lbbsp_overhead_ms"] = 1e3 * s["overhead"] / self._n
+            out["lbbsp_background_ms"] = 1e3 * s["background"] / self._n
+        if self._eff[1] > 0:
+            out["lbbsp_efficiency"] = self._eff[0] / self._eff[1]
+        self._reset_epoch()
+        return out
+
+    def flush(self):
+        if self._fh is not None:
+            self._fh.flush()
+
+    def close(self):
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = self._writer = None

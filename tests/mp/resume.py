@@ -1,0 +1,77 @@
+"""Run under horovodrun twice: train, crash mid-epoch on every rank, then resume from the checkpoints.
+
+Phase "crash" trains with Keras' BackupAndRestore (every 3 steps) and lbbsp's
+state file (every 3 steps) and raises after step 7 of epoch 1. Phase "resume"
+starts a fresh process: Keras restores the model and resumes at step 6 of
+epoch 1, lbbsp restores its split, model and predictor. Each phase writes the
+(epoch, step, indices) it read and the batch sizes it used, per rank.
+Usage: horovodrun -np N python tests/mp/resume.py DIR PHASE(crash|resume)
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+from _common import init_worker
+
+hvd, tf = init_worker()
+import lbbsp.keras as lb  # noqa: E402
+from lbbsp.policies import LBBSPPolicy  # noqa: E402
+from predictor.base import SpeedPredictor  # noqa: E402
+
+out_dir, phase = sys.argv[1], sys.argv[2]
+rank, size = hvd.rank(), hvd.size()
+N_SAMPLES, EPOCHS = 96, 3  # 12 steps of 8: BackupAndRestore's count and lbbsp's stay aligned
+read, sizes, where = [], [], {"epoch": -1, "step": -1}
+
+
+class RankSpeed(SpeedPredictor):
+    """Worker r forecasts 10 * (r + 1) samples/s: the balanced split is 1 : 2 : 3."""
+
+    name = "rank-speed"
+
+    def _forecast(self):
+        return 10.0 * (rank + 1)
+
+
+def fetch(indices):
+    read.append((where["epoch"], where["step"], indices.tolist()))
+    x = indices.astype(np.float32)[:, None]
+    return x, np.sin(x)
+
+
+class Record(tf.keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        where["epoch"] = int(epoch)
+
+    def on_train_batch_begin(self, step, logs=None):
+        where["step"] = int(step)
+        sizes.append((where["epoch"], int(step), balancer._sizes.tolist()))  # the split this step uses
+
+    def on_train_batch_end(self, step, logs=None):
+        if phase == "crash" and where["epoch"] == 1 and step == 7:
+            raise RuntimeError("simulated failure after step 7 of epoch 1")
+
+
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=8, seed=3)
+# k pinned at 0 (min_spread=1): the split follows the forecasts exactly, 1 : 2 (: 3).
+policy = LBBSPPolicy(min_gain=0.0, settle=0, model={"min_spread": 1.0})
+balancer = lb.LoadBalancer(feed, policy=policy, predictor=RankSpeed(), warmup_steps=0,
+                           state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"), state_every=3)
+backup = tf.keras.callbacks.BackupAndRestore(os.path.join(out_dir, f"backup_{rank}"), save_freq=3,
+                                             delete_checkpoint=False)
+dataset = feed.dataset()
+read.clear()  # dataset() read one sample to learn the element signature
+try:
+    model.fit(dataset, steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), backup, balancer, Record()])
+    outcome = "finished"
+except RuntimeError as exc:
+    outcome = str(exc)
+with open(os.path.join(out_dir, f"{phase}_{rank}.json"), "w") as fh:
+    json.dump({"outcome": outcome, "read": read, "sizes": sizes, "resumed": bool(balancer.resumed),
+               "weights": [w.tolist() for w in model.get_weights()]}, fh)
