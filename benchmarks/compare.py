@@ -27,14 +27,14 @@ import numpy as np
 from .oracle import CurveBook, fit_curves, save_curves
 from .progress import Progress
 from .scenario import Scenario, list_scenarios
-from .variants import VARIANTS
+from .variants import LIVE_DEFAULT, VARIANTS
 
 BASE = "horovod"
 
 
 def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None):
     """One horovodrun of the variant; returns its summary.json."""
-    policy, predictor = VARIANTS[label]
+    policy, predictor, *options = VARIANTS[label]
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
@@ -46,6 +46,7 @@ def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None
         cmd += ["--predictor", predictor]
     if curves_path:
         cmd += ["--curves", curves_path]
+    cmd += list(options[0]) if options else []
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
     if args.emulate:
@@ -115,8 +116,8 @@ def table(results, scenario, ideals=None):
     base_time = _median(base, "epoch_time")[0] if base else None
     lines = [
         "| variant | epoch time s, median [min-max] | speedup vs Horovod | vs Horovod | eta | idle % "
-        "| compute share | mean batch per worker | final acc | callback ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| compute share | mean batch per worker | final acc | callback ms | peak RSS MiB (max rank) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base_range = _median(base, "epoch_time")[1:] if base else None
     for label, runs in results.items():
@@ -131,11 +132,12 @@ def table(results, scenario, ideals=None):
             f"| {label} | {med:.2f} [{lo:.2f}-{hi:.2f}] | {speedup} | {verdict} | "
             f"{_fmt(_median(runs, 'efficiency')[0], '.3f')} | {_fmt(_median(runs, 'idle_fraction')[0], '.1f', 100)} | "
             f"{_fmt(_median(runs, 'compute_share')[0], '.2f')} | {batch_text} | "
-            f"{_fmt(_median(runs, 'final_accuracy')[0], '.3f')} | {_fmt(_median(runs, 'overhead_ms')[0], '.2f')} |"
+            f"{_fmt(_median(runs, 'final_accuracy')[0], '.3f')} | {_fmt(_median(runs, 'overhead_ms')[0], '.2f')} | "
+            f"{_fmt(_median([dict(p=max(r['peak_rss_mb'])) for r in runs if r.get('peak_rss_mb')], 'p')[0], '.0f')} |"
         )
     for name, value in (ideals or {}).items():
-        lines.append(f"| *{name}* | {value:.2f} | {base_time / value:.2f}x | | | | | | | |" if base_time else
-                     f"| *{name}* | {value:.2f} | - | | | | | | | |")
+        lines.append(f"| *{name}* | {value:.2f} | {base_time / value:.2f}x | | | | | | | | |" if base_time else
+                     f"| *{name}* | {value:.2f} | - | | | | | | | | |")
     rounds = max(len(runs) for runs in results.values())
     notes = [f"Scenario `{scenario.name}`: {scenario.description.strip()}",
              f"Heterogeneity: {next(iter(results.values()))[0]['heterogeneity']}. {rounds} interleaved rounds; "
@@ -160,7 +162,8 @@ def breakdown_table(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="static-4", help=f"one of {list_scenarios()} or a YAML path")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(LIVE_DEFAULT),
+                        help="comma-separated, from: " + ", ".join(VARIANTS))
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 1; 3 or more for medians)")
     parser.add_argument("--epochs", type=int, help="override the scenario's epochs (>= 2)")
     parser.add_argument("--emulate", action="store_true", help="emulated speeds even where cgroups work")

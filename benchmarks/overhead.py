@@ -1,14 +1,18 @@
 """Per-step cost of lbbsp on homogeneous workers, against plain Horovod, in one job (ratios, not timings).
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--hidden 512]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25]
 
 Plain Horovod (hvd.DistributedOptimizer, a static shard, equal batches) and
-lbbsp with policies equal, lbbsp+EMA and lbbsp+NARX (fused exchange) and
-lbbsp+NARX with the eager exchange train the same model on identical
-workers, interleaved over several rounds in the same processes, so machine
-noise hits all alike. Reported per variant: the median steady-state step time
-(warm-up steps dropped), the extra milliseconds per step over plain Horovod
-and their share of its step time, and the callback's own median cost.
+lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
+ahead, off the critical path) and lbbsp+NARX with plan_ahead=0 (decision on
+the critical path) train the same model on identical workers, interleaved
+over several rounds in the same processes, so machine noise hits all alike.
+With --quota every rank runs under that cgroup CPU quota (cores), where each
+millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
+Reported per variant: the median steady-state step time (warm-up steps
+dropped), the extra milliseconds per step over plain Horovod and their share
+of its step time, the plugin's median time on the critical path, and the
+median time of its background work (forecast and decision).
 """
 import argparse
 import sys
@@ -16,7 +20,7 @@ import time
 
 import numpy as np
 
-VARIANTS = ("horovod", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-eager")
+VARIANTS = ("horovod", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline")
 
 
 def main(argv=None):
@@ -25,26 +29,22 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=80, help="steps per variant and round")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch")
+    parser.add_argument("--quota", type=float, help="cgroup CPU quota of every rank, in cores (needs root)")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.steps < 30:
-        parser.error(f"--rounds={args.rounds} (>= 1) and --steps={args.steps} (>= 30)")
+    if args.rounds < 1 or args.steps < 30 or (args.quota is not None and args.quota <= 0):
+        parser.error(f"--rounds={args.rounds} (>= 1), --steps={args.steps} (>= 30), --quota={args.quota} (> 0)")
 
     import os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    import horovod.tensorflow.keras as hvd
 
     import lbbsp.keras as lb
-    from lbbsp.contention import pin_to_cores
-    from lbbsp.workloads import build_model, load_data
 
-    hvd.init()
+    from .contention import CpuQuota
+    from .runtime import init_worker
+    from .workloads import build_model, load_data
+
+    hvd, tf = init_worker()
     rank, size = hvd.rank(), hvd.size()
-    cores = sorted(os.sched_getaffinity(0))
-    pin_to_cores([cores[rank % len(cores)]])
+    quota = CpuQuota(args.quota, pids=[os.getpid()]) if args.quota else None
     global_batch = args.batch * size
     x, y, _, _ = load_data("mlp", num_samples=global_batch * 32)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -76,36 +76,46 @@ def main(argv=None):
             sig = (tf.TensorSpec((None, x.shape[1]), tf.float32), tf.TensorSpec((None,), tf.int64))
             model.fit(tf.data.Dataset.from_generator(batches, output_signature=sig), steps_per_epoch=args.steps,
                       epochs=1, verbose=0, callbacks=callbacks + [clock])
-            return clock.times[warmup:], float("nan")
+            return clock.times[warmup:], (float("nan"), float("nan"))
         policy, _, rest = variant.partition("-")
-        predictor, _, exchange = rest.partition("-")
+        predictor, _, inline = rest.partition("-")
         model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss=loss)
         feed = lb.BalancedFeed(x[:global_batch * args.steps], y[:global_batch * args.steps],
                                global_batch=global_batch)
         balancer = lb.LoadBalancer(feed, policy="equal" if policy == "equal" else "lbbsp",
-                                   predictor=predictor or "ema", exchange=exchange or "fused")
+                                   predictor=predictor or "ema", plan_ahead=0 if inline else 1)
         model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
                   callbacks=callbacks + [balancer, clock])
-        return clock.times[warmup:], float(np.median([r["overhead"] for r in balancer.history[warmup:]]))
+        rows = balancer.history[warmup:]
+        return clock.times[warmup:], (float(np.median([r["overhead"] for r in rows])),
+                                      float(np.median([r["background"] for r in rows])))
 
     times = {v: [] for v in VARIANTS}
-    callback = {v: [] for v in VARIANTS}
-    for _ in range(args.rounds):
-        for variant in VARIANTS:
-            t, c = run(variant)
-            times[variant].extend(t)
-            callback[variant].append(c)
+    costs = {v: [] for v in VARIANTS}
+    try:
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                t, c = run(variant)
+                times[variant].extend(t)
+                costs[variant].append(c)
+    finally:
+        if quota is not None:
+            quota.close()
     if rank == 0:
         base = float(np.median(times["horovod"]))
-        print(f"{size} workers, per-worker batch {args.batch}, mlp hidden {args.hidden}, {args.rounds} rounds x "
-              f"{args.steps - warmup - 1} steady steps per variant, interleaved")
-        print(f"{'variant':<18}{'step ms':>9}{'extra ms':>10}{'extra %':>9}{'callback ms':>13}")
+        where = f"each rank under a {args.quota}-core quota" if args.quota else "each rank on its own core"
+        print(f"{size} workers ({where}), per-worker batch {args.batch}, mlp hidden {args.hidden}, {args.rounds} "
+              f"rounds x {args.steps - warmup - 1} steady steps per variant, interleaved")
+        print(f"{'variant':<19}{'step ms':>9}{'extra ms':>10}{'extra %':>9}{'critical-path ms':>18}"
+              f"{'background ms':>15}")
         for variant in VARIANTS:
             step = float(np.median(times[variant]))
-            cb = float(np.nanmedian(callback[variant])) if variant != "horovod" else float("nan")
-            print(f"{variant:<18}{1e3 * step:>9.2f}{1e3 * (step - base):>+10.2f}{100 * (step / base - 1):>+8.1f}%"
-                  f"{1e3 * cb:>13.2f}" if variant != "horovod" else
-                  f"{variant:<18}{1e3 * step:>9.2f}{'-':>10}{'-':>9}{'-':>13}")
+            if variant == "horovod":
+                print(f"{variant:<19}{1e3 * step:>9.2f}{'-':>10}{'-':>9}{'-':>18}{'-':>15}")
+                continue
+            path, background = np.nanmedian(np.array(costs[variant]), axis=0)
+            print(f"{variant:<19}{1e3 * step:>9.2f}{1e3 * (step - base):>+10.2f}{100 * (step / base - 1):>+8.1f}%"
+                  f"{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
     return 0
 
 

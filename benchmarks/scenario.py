@@ -3,7 +3,7 @@
     name: static-4
     description: four workers at 1 : 1 : 0.5 : 0.25
     workers: 4
-    workload: conv           # benchmarks.workloads: mlp, conv or cnn
+    workload: conv           # benchmarks.workloads: mlp, conv, images or cnn
     global_batch: 512
     epochs: 4
     num_samples: 4096        # optional: training samples of a synthetic workload
@@ -49,7 +49,8 @@ class Scenario:
         self.name = need("name", str, bool, "a non-empty string")
         self.description = str(data.get("description", ""))
         self.workers = need("workers", int, lambda v: v >= 1, "an integer >= 1")
-        self.workload = need("workload", str, lambda v: v in ("mlp", "conv", "cnn"), "'mlp', 'conv' or 'cnn'")
+        self.workload = need("workload", str, lambda v: v in ("mlp", "conv", "images", "cnn"),
+                             "'mlp', 'conv', 'images' or 'cnn'")
         self.global_batch = need("global_batch", int, lambda v: v >= self.workers, "an integer >= workers")
         self.epochs = need("epochs", int, lambda v: v >= 2, "an integer >= 2 (the first epoch is warm-up)")
         self.hidden = data.get("hidden", 512)

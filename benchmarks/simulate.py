@@ -1,19 +1,30 @@
-"""Trace-driven simulation of N workers (to 1024 and beyond) under the very same policy, model and forecaster code.
+"""Simulation of N workers (to 1024 and beyond) under the very same policy, model and forecaster code.
 
-    python -m benchmarks.simulate --workers 4,64,1024 --policies equal,pid,lbbsp-ema,lbbsp-narx,oracle
+    python -m benchmarks.simulate --workers 4,64,256,1024 --profiles recorded,low-noise
 
 Worker i replays a recorded trace (predictor/data/traces, a random file and
 offset) scaled to a base speed drawn from 1, 1/2, 1/4 (heterogeneous
-hardware). The recorded CPU steps are short (2-15 ms), so one simulated step
-spans `--aggregate` recorded steps (their time-weighted speed), like the longer
-steps of a real job. A step takes t_i = (k + b_i) / v_i(t) (a fixed cost of k
-samples) plus a fixed communication time; epochs have `--steps-per-epoch`
-steps (DBS acts per epoch). Each worker's forecast comes from its own
-lbbsp.forecasting.Forecaster and every decision from
-lbbsp.controller.BalanceController: the code that runs inside the Keras
-callback. The oracle knows every worker's true speed of the coming step.
-Reported per (N, policy): eta = T* / max t_i, the speedup over equal batches,
-and the decision cost per step.
+hardware); one simulated step spans `--aggregate` recorded steps (their
+time-weighted speed), like the longer steps of a real job. A step takes
+t_i = (k + b_i) / v_i(t) (a fixed cost of k samples) plus a fixed
+communication time. Noise profiles:
+
+- "recorded": the speeds as recorded on a shared, noisy CPU machine. A
+  worker's mean speed at a step is the centred 9-step average; the rest is
+  per-step noise.
+- "low-noise": as on dedicated GPU nodes: the recorded contention changes
+  (21-step average) with 3% log-normal jitter per step and an occasional
+  straggler step (0.3% of steps run at half speed).
+
+Each worker's forecast comes from its own lbbsp.forecasting.Forecaster and
+every decision from lbbsp.controller.BalanceController: the code that runs
+inside the Keras callback. Two references: the clairvoyant oracle knows
+every worker's speed in the coming step (the draw included), the mean oracle
+knows each worker's mean speed and noise spread but not the draw, and splits
+for the expected slowest finish (lbbsp.allocation.tail_speeds); no policy can
+beat the first, the second is reachable. Reported per (N, profile, policy):
+eta = (best possible step) / (step taken), as a fraction of the mean oracle's
+too, the speedup over equal batches, and the decision cost per step.
 """
 import argparse
 import os
@@ -23,22 +34,37 @@ import time
 import numpy as np
 
 from lbbsp import exchange
+from lbbsp.allocation import allocate, predicted_time, tail_speeds
 from lbbsp.controller import BalanceController
 from lbbsp.forecasting import Forecaster
+from lbbsp.policies import LBBSPPolicy
 from predictor.traces import list_traces, read_trace
 
 from .oracle import OraclePolicy
-from .variants import VARIANTS
+from .variants import LIVE_ONLY, VARIANTS
 
-__all__ = ["Cluster", "simulate", "main", "POLICY_VARIANTS"]
+__all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
 
-POLICY_VARIANTS = {label: v for label, v in VARIANTS.items() if label != "horovod"}
+PROFILES = ("recorded", "low-noise")
+POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
+                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None)})
+
+
+def _rolling_mean(x, window):
+    """Centred moving average along axis 0 (edges use the part of the window that exists)."""
+    kernel = np.ones(window)
+    pad = window // 2
+    num = np.apply_along_axis(lambda c: np.convolve(np.pad(c, pad, mode="edge"), kernel, "valid"), 0, x)
+    return num / window
 
 
 class Cluster:
     """N simulated workers: per-step true speeds and telemetry from recorded traces."""
 
-    def __init__(self, num_workers, steps, seed=0, offset=16.0, comm=0.005, traces=None, aggregate=10):
+    def __init__(self, num_workers, steps, seed=0, offset=16.0, comm=0.005, traces=None, aggregate=10,
+                 profile="recorded"):
+        if profile not in PROFILES:
+            raise ValueError(f"profile={profile!r} is not allowed: use one of {PROFILES}")
         rng = np.random.default_rng(seed)
         paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith("steady")]
         loaded = [read_trace(p) for p in paths]
@@ -53,15 +79,52 @@ class Cluster:
             rel = (1.0 / per_sample) / np.median(trace["speed"])
             self.speed[:, w] = 1000.0 * base[w] * rel  # samples/s of a full-speed worker: 1000
             self.features[:, w] = trace["features"][idx[aggregate - 1::aggregate]]
-        self.offset, self.comm = float(offset), comm
+        if profile == "recorded":
+            self.mean = _rolling_mean(self.speed, 9)
+        else:
+            self.mean = _rolling_mean(self.speed, 21)
+            jitter = np.exp(rng.normal(0.0, 0.03, self.speed.shape))
+            straggle = np.where(rng.random(self.speed.shape) < 0.003, 0.5, 1.0)
+            self.speed = self.mean * jitter * straggle
+        self.noise = np.log(self.speed / self.mean)
+        self.spread = self.noise.std(axis=0)
+        self.offset, self.comm, self.profile = float(offset), comm, profile
         self.num_workers, self.steps = num_workers, steps
 
     def compute_times(self, step, batches):
         return (self.offset + batches) / self.speed[step]
 
     def truth(self, step):
-        """(offsets, speeds) of every worker at `step`: what the oracle knows."""
+        """(offsets, speeds) of every worker at `step`: what the clairvoyant oracle knows."""
         return np.full(self.num_workers, self.offset), self.speed[min(step, self.steps)]
+
+    def mean_truth(self, step):
+        """(offsets, speeds to plan with) from the mean speeds and the noise spread: the mean oracle's view."""
+        return np.full(self.num_workers, self.offset), tail_speeds(self.mean[min(step, self.steps)], self.spread)
+
+    def best_step(self, step, global_batch):
+        """The shortest compute time any split reaches at `step` (knowing the draw)."""
+        k, v = self.truth(step)
+        return predicted_time(allocate(v, global_batch, offsets=k), v, k)
+
+
+def noise_stats(cluster):
+    """Per-step noise of a cluster's speeds: median spread, p99 of |log deviation|, lag-1 autocorrelation."""
+    z = cluster.noise
+    centred = z - z.mean(axis=0)
+    lag1 = (centred[1:] * centred[:-1]).sum(axis=0) / np.maximum((centred ** 2).sum(axis=0), 1e-12)
+    return {"spread": float(np.median(cluster.spread)), "p99": float(np.percentile(np.abs(z), 99)),
+            "lag1": float(np.median(lag1))}
+
+
+def _policy(name, cluster):
+    if name == "oracle":
+        return OraclePolicy(cluster.truth)
+    if name == "mean-oracle":
+        return OraclePolicy(cluster.mean_truth)
+    if name == "lbbsp-va":
+        return LBBSPPolicy(variance_aware=True)
+    return name
 
 
 def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1):
@@ -70,9 +133,7 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     As in the callback, the timings of step t decide the split of step t + 1 + plan_ahead.
     """
     n = cluster.num_workers
-    if policy == "oracle":
-        policy = OraclePolicy(cluster.truth)
-    controller = BalanceController(policy, warmup_steps=0, plan_ahead=plan_ahead)
+    controller = BalanceController(_policy(policy, cluster), warmup_steps=0, plan_ahead=plan_ahead)
     plans = controller.start(n, np.full(steps_per_epoch, global_batch))
     forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
@@ -83,8 +144,7 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
         batches = plans.pop((epoch, step))
         compute = cluster.compute_times(t, batches)
         step_time.append(compute.max() + cluster.comm)
-        k, v = cluster.truth(t)
-        eta.append(((global_batch + k.sum()) / v.sum()) / compute.max())
+        eta.append(cluster.best_step(t, global_batch) / compute.max())
         gathered[:, 1] = compute.max() - compute + cluster.comm
         gathered[:, 2] = compute
         if forecasters is not None:
@@ -102,8 +162,9 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="4,64,1024", help="comma-separated cluster sizes")
-    parser.add_argument("--policies", default="equal,pid,dbs,lbbsp-ema,lbbsp-narx,oracle")
+    parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
+    parser.add_argument("--profiles", default=",".join(PROFILES), help=f"comma-separated, from {PROFILES}")
+    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-narx,lbbsp-narx-va,oracle,mean-oracle")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--per-worker-batch", type=int, default=64)
     parser.add_argument("--offset", type=float, default=16.0, help="fixed cost per step, in samples")
@@ -113,25 +174,37 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.workers.split(",")]
     names = [p.strip() for p in args.policies.split(",")]
-    unknown = [p for p in names if p not in POLICY_VARIANTS]
-    if unknown or any(s < 1 for s in sizes) or args.steps < 10 or args.aggregate < 1 or args.steps_per_epoch < 1 \
+    profiles = [p.strip() for p in args.profiles.split(",")]
+    unknown = [p for p in names if p not in POLICY_VARIANTS] + [p for p in profiles if p not in PROFILES]
+    if unknown or any(s < 1 for s in sizes) or args.steps < 20 or args.aggregate < 1 or args.steps_per_epoch < 1 \
             or args.offset < 0:
-        parser.error(f"bad arguments: unknown policies {unknown}, sizes {sizes} (>= 1), steps {args.steps} (>= 10), "
-                     f"aggregate {args.aggregate} (>= 1), steps per epoch {args.steps_per_epoch} (>= 1), "
-                     f"offset {args.offset} (>= 0)")
-    print(f"{'workers':>8} {'policy':<11} {'eta':>6} {'speedup':>8} {'decision ms (median/p99)':>26}")
+        parser.error(f"bad arguments: unknown policies or profiles {unknown}, sizes {sizes} (>= 1), steps "
+                     f"{args.steps} (>= 20), aggregate {args.aggregate} (>= 1), steps per epoch "
+                     f"{args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
+    print(f"{'workers':>8} {'profile':<10} {'policy':<14} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
+          f"{'decision ms (median/p99)':>26}")
     for n in sizes:
-        cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate)
-        base = None
-        for name in names:
-            policy, predictor = POLICY_VARIANTS[name]
-            r = simulate(cluster, policy, predictor, args.per_worker_batch * n, steps_per_epoch=args.steps_per_epoch)
+        for profile in profiles:
+            cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate,
+                              profile=profile)
+            stats = noise_stats(cluster)
+            print(f"{n:>8} {profile:<10} noise: spread {stats['spread']:.3f}, p99 |log dev| {stats['p99']:.3f}, "
+                  f"lag-1 autocorrelation {stats['lag1']:.2f}", flush=True)
+            runs = {}
+            for name in names:
+                policy, predictor = POLICY_VARIANTS[name]
+                runs[name] = simulate(cluster, policy, predictor, args.per_worker_batch * n,
+                                      steps_per_epoch=args.steps_per_epoch)
             skip = 10
-            mean_step = r["step_time"][skip:].mean()
-            base = mean_step if name == "equal" or base is None else base
-            print(f"{n:>8} {name:<11} {r['eta'][skip:].mean():>6.3f} {base / mean_step:>7.2f}x "
-                  f"{1e3 * np.median(r['decide']):>14.3f} / {1e3 * np.percentile(r['decide'], 99):.3f}",
-                  flush=True)
+            base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
+            reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
+            for name, r in runs.items():
+                eta = r["eta"][skip:].mean()
+                of_mean = f"{eta / reference:>15.3f}" if reference else f"{'-':>15}"
+                speedup = f"{base / r['step_time'][skip:].mean():>7.2f}x" if base else f"{'-':>8}"
+                print(f"{n:>8} {profile:<10} {name:<14} {eta:>6.3f} {of_mean} {speedup} "
+                      f"{1e3 * np.median(r['decide']):>14.3f} / {1e3 * np.percentile(r['decide'], 99):.3f}",
+                      flush=True)
     return 0
 
 

@@ -35,6 +35,8 @@ def parse(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
     parser.add_argument("--curves", help="measured step-time curves (JSON) for --policy oracle")
     parser.add_argument("--plan-ahead", type=int, default=1, help="lbbsp's plan_ahead (0 or more)")
+    parser.add_argument("--prefetch", type=int, default=1,
+                        help="steps the images workload's input pipeline prepares ahead (<= --plan-ahead)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -139,6 +141,14 @@ def main(argv=None):
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     driver = ScenarioDriver(scenario, rank, args.emulate, args.external)
+    images = scenario.workload == "images"
+    if images:
+        from .workloads import image_files, image_loader
+
+        if driver.emulated:
+            raise SystemExit("the images workload needs real cgroup CPU quotas (root) or --external")
+        load = image_loader(image_files(x, os.path.join(args.out_dir, "..", "..", "images")), y, seed=args.seed)
+        x_test = x_test[:, 2:26, 2:26]
     if driver.emulated:
         driver.per_sample = _calibrate(scenario, x, y, loss, tf)
     timer_log = []
@@ -181,6 +191,11 @@ def main(argv=None):
 
         sig = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int64))
         data = tf.data.Dataset.from_generator(batches, output_signature=sig)
+        if images:  # the pipeline a user writes: per-sample load in parallel, batch, prefetch
+            data = tf.data.Dataset.from_tensor_slices(np.arange(rank, len(x), size)).shuffle(len(x) // size,
+                                                                                              seed=args.seed)
+            data = data.repeat().map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(local, drop_remainder=True)
+            data = data.prefetch(1)
         steps = len(x) // scenario.global_batch
         callbacks.insert(1, hvd.callbacks.MetricAverageCallback())
     else:
@@ -190,7 +205,11 @@ def main(argv=None):
             driver.delay(len(idx))
             return x[idx], y[idx]
 
-        feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed)
+        if images:
+            feed = lb.BalancedFeed.from_sample_fn(load, len(x), global_batch=scenario.global_batch, seed=args.seed,
+                                                  prefetch=args.prefetch)
+        else:
+            feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
@@ -220,10 +239,14 @@ def main(argv=None):
             writer = csv.DictWriter(fh, fieldnames=list(history[0]), extrasaction="ignore")
             writer.writeheader()
             writer.writerows(history)
+    import resource
+
     everyone = hvd_core.allgather_object(history)
+    peak_rss = hvd_core.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
     if rank == 0:
         summary = summarize(everyone, timer_log, len(x), steps)
         summary["final_accuracy"] = accuracy
+        summary["peak_rss_mb"] = [round(float(v), 1) for v in peak_rss]
         summary.update(scenario=scenario.name, policy=args.policy, predictor=args.predictor if balancer else None,
                        heterogeneity=driver.label, workers=size, global_batch=scenario.global_batch, epochs=epochs,
                        seed=args.seed, wall=wall, steps_per_epoch=steps)

@@ -23,7 +23,8 @@ deterministic: no randomness, ties go to the lower worker index.
 """
 import numpy as np
 
-__all__ = ["validate_bounds", "sanitize", "allocate", "continuous_split", "predicted_time", "Rebalancer"]
+__all__ = ["validate_bounds", "sanitize", "allocate", "continuous_split", "predicted_time", "tail_speeds",
+           "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -144,13 +145,17 @@ def _round(x, total, k, v, lower, upper):
         depth *= 4
 
 
-def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None):
+def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None, near=None, max_change=2.0):
     """Integer batch sizes minimising max_i (k_i + b_i) / v_i with sum(b) == global_batch, bounds kept.
 
     `speeds` are batch-free speeds v_i; `offsets` the fixed costs k_i in
     samples (default 0: the split is then proportional to the speeds). Bad
     speeds (NaN, inf, <= 0) and offsets (NaN, inf, < 0) are replaced by the
-    median of the good ones.
+    median of the good ones. With `near` (a current split of the same total)
+    every worker's batch stays within [near_i / max_change, near_i * max_change + 1]:
+    a trust region, because a step-time model fitted on nearby batch sizes
+    must not be extrapolated far (an overestimated fixed cost would otherwise
+    send a throttled worker many times its batch in one move).
     """
     v = sanitize(speeds)
     global_batch, b_min, upper = validate_bounds(v.size, global_batch, b_min, b_max)
@@ -158,8 +163,29 @@ def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None):
     if k.shape != v.shape:
         raise ValueError(f"offsets={np.asarray(offsets).tolist()!r} is not allowed: give {v.size} values")
     lower = np.full(v.size, b_min, dtype=np.int64)
+    if near is not None:
+        near = np.asarray(near, dtype=np.int64)
+        if near.shape == v.shape and int(near.sum()) == global_batch and max_change > 1:
+            lower = np.maximum(lower, np.floor(near / max_change).astype(np.int64))
+            upper = np.minimum(upper, np.ceil(near * max_change).astype(np.int64) + 1)
     x, _ = continuous_split(k, v, global_batch, lower, upper)
     return _round(x, global_batch, k, v, lower, upper)
+
+
+def tail_speeds(speeds, spread, z=None):
+    """Speeds that plan for a high quantile of each worker's time instead of its mean (variance-aware split).
+
+    With log-normal step-time noise of standard deviation spread_i, the
+    quantile exp(z * spread_i) of worker i's time is balanced instead of its
+    mean, so noisier workers get slack; z defaults to sqrt(2 ln N), about
+    where the largest of N standard normal draws falls. With equal spreads
+    the split is the mean-balanced one.
+    """
+    v = np.asarray(speeds, dtype=np.float64)
+    s = np.nan_to_num(np.asarray(spread, dtype=np.float64), nan=0.0, posinf=0.0).clip(0.0, 2.0)
+    if z is None:
+        z = np.sqrt(2.0 * np.log(max(v.size, 2)))
+    return v * np.exp(-z * s)
 
 
 def predicted_time(batches, speeds, offsets=None):

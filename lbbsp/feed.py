@@ -2,10 +2,13 @@
 
 `BatchFeed` serves, at step t of an epoch, this worker's sub-slice of the
 global batch under the batch sizes decided for step t (see sharding.py). The
-callback sets the step and the batch sizes before every step; the feed
-records what it served so the callback can check that the batch used at step
-t is the one decided for step t.
+callback plans steps in order as soon as their split is known (with
+plan_ahead = 1, a step before they run); the input pipeline may read up to
+`prefetch` planned steps ahead of the step that trains, never more. The feed
+records what it served, so the callback can check that every step read
+exactly the batch decided for it, once.
 """
+import collections
 import threading
 
 import numpy as np
@@ -76,7 +79,7 @@ class BatchFeed:
     """
 
     def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True,
-                 drop_remainder=False, b_min=1, b_max=None, rank=0, size=1, _source=None):
+                 drop_remainder=False, b_min=1, b_max=None, prefetch=0, rank=0, size=1, _source=None):
         self.source = _source if _source is not None else ArraySource(x, y, sample_weight)
         n = self.source.num_samples
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -84,11 +87,14 @@ class BatchFeed:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed={seed!r} is not allowed: it must be an integer")
         validate_bounds(1, global_batch, b_min)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch={prefetch!r} is not allowed: it must be an integer >= 0 (steps read ahead)")
+        self.prefetch = prefetch
         self.num_samples = int(n)
         self.global_batch = int(global_batch)
         self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
         self.b_min, self.b_max = int(b_min), b_max
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self.bind(rank, size)
 
     @classmethod
@@ -113,53 +119,110 @@ class BatchFeed:
             )
         self.rank, self.size = int(rank), int(size)
         self.offsets = np.concatenate([[0], np.cumsum(self.schedule)[:-1]]).astype(np.int64)
-        self._epoch = None
-        self._perm = None
-        self._plan = None
-        self.served = None
-        self.serves = 0
+        self.reopen()
 
     @property
     def steps_per_epoch(self):
         return int(self.schedule.size)
 
+    def reopen(self):
+        """Forget all plans (start of training)."""
+        with self._cond:
+            self._plans = collections.OrderedDict()
+            self._served = collections.OrderedDict()
+            self._perms = {}
+            self._training = None
+            self._closed = False
+            self._cond.notify_all()
+
+    def close(self):
+        """End of training: a reader waiting for a plan stops instead of waiting forever."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _index(self, key):
+        return key[0] * self.steps_per_epoch + key[1]
+
     def plan(self, epoch, step, batches):
-        """Decide what the next batch is: step `step` of `epoch` under per-worker sizes `batches`."""
+        """Plan step `step` of `epoch` under per-worker sizes `batches` (steps are planned in order)."""
         batches = np.asarray(batches, dtype=np.int64)
         if batches.shape != (self.size,) or int(batches.sum()) != int(self.schedule[step]):
             raise ValueError(
                 f"batches={batches.tolist()} is not allowed at step {step}: it needs {self.size} sizes "
                 f"summing to {int(self.schedule[step])}"
             )
-        with self._lock:
-            if epoch != self._epoch:
-                self._perm = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
-                self._epoch = epoch
-            self._plan = (int(epoch), int(step), batches)
-            self.serves = 0
+        key = (int(epoch), int(step))
+        with self._cond:
+            if key not in self._plans and key not in self._served:
+                self._plans[key] = batches
+                self._cond.notify_all()
+
+    def start_step(self, epoch, step):
+        """The step that trains now: the reader may be at most `prefetch` steps ahead of it."""
+        with self._cond:
+            self._training = (int(epoch), int(step))
+            self._cond.notify_all()
+
+    def served(self, epoch, step):
+        """(samples, times) this worker read for (epoch, step); (None, 0) if it was not read."""
+        with self._cond:
+            return self._served.get((int(epoch), int(step)), (None, 0))
+
+    def served_beyond(self, epoch, step):
+        """The furthest step already read, as a number of steps after (epoch, step)."""
+        with self._cond:
+            if not self._served:
+                return 0
+            return self._index(next(reversed(self._served))) - self._index((int(epoch), int(step)))
 
     def indices(self, epoch, step, batches, rank=None):
         """Sample indices that `rank` (default: this worker) reads at (epoch, step) under `batches`."""
         perm = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
         return local_indices(perm, self.offsets[step], batches, self.rank if rank is None else rank)
 
-    def next_batch(self):
-        """This worker's batch for the planned step.
+    def next_indices(self, timeout=600.0):
+        """(epoch, step, indices) of the next planned step, in order; None once the feed is closed.
 
-        Records (epoch, step, size) in `served` and counts the calls since the
-        last plan in `serves`: more than one means something read ahead.
+        Waits for the plan when the reader is within `prefetch` steps of the
+        training step; raises RuntimeError when it reads further ahead (the
+        dataset was wrapped in something that reads ahead) or no plan comes
+        within `timeout` seconds.
         """
-        with self._lock:
-            if self._plan is None:
-                raise RuntimeError(
-                    "the feed has no planned step: pass lbbsp.keras.LoadBalancer(feed) in the callbacks of fit() "
-                    "and feed.dataset() to fit unchanged (no prefetch: batches are decided per step)"
-                )
-            epoch, step, batches = self._plan
-            idx = local_indices(self._perm, self.offsets[step], batches, self.rank)
-            self.served = (epoch, step, len(idx))
-            self.serves += 1
-        return self.source.take(idx)
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                if self._plans:
+                    key = next(iter(self._plans))
+                    if self._training is not None and self._index(key) - self._index(self._training) > self.prefetch:
+                        raise RuntimeError(
+                            f"lbbsp: the input pipeline read step {key[1]} of epoch {key[0]} while step "
+                            f"{self._training[1]} trains, more than prefetch={self.prefetch} steps ahead: the "
+                            "dataset was wrapped (.shuffle, .batch, .prefetch, ...) after feed.dataset(); pass it "
+                            "to fit unchanged and set BalancedFeed(..., prefetch=k) for read-ahead"
+                        )
+                    batches = self._plans.pop(key)
+                    break
+                if not self._cond.wait(timeout):
+                    raise RuntimeError(
+                        f"lbbsp: no batch was planned for {timeout:.0f} s: pass lbbsp.keras.LoadBalancer(feed) in the "
+                        "callbacks of fit(), and feed.dataset() to fit unchanged"
+                    )
+            if key[0] not in self._perms:
+                self._perms = {e: p for e, p in self._perms.items() if e >= key[0] - 1}
+                self._perms[key[0]] = epoch_permutation(self.num_samples, self.seed, key[0], self.shuffle)
+            idx = local_indices(self._perms[key[0]], self.offsets[key[1]], batches, self.rank)
+            size, times = self._served.get(key, (len(idx), 0))
+            self._served[key] = (len(idx), times + 1)
+            while len(self._served) > 64:
+                self._served.popitem(last=False)
+        return key[0], key[1], idx
+
+    def next_batch(self):
+        """This worker's batch for the next planned step (None once the feed is closed)."""
+        item = self.next_indices()
+        return None if item is None else self.source.take(item[2])
 
     def example(self):
         """One sample's batch (first index), used to infer the element structure and dtypes."""

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Rebalancer, allocate, sanitize, validate_bounds
+from .allocation import Rebalancer, allocate, sanitize, tail_speeds, validate_bounds
 from .metrics import step_efficiency
 from .steptime import StepTimeModel
 
@@ -247,7 +247,12 @@ class LBBSPPolicy(Policy):
     worker's speed jump: a forecast made before the jump has not seen it, the
     fresh fit has. The split minimising max_i t_i(b_i) is then taken if it
     beats the current one by more than `min_gain` (lbbsp.allocation.Rebalancer).
-    `model` takes a StepTimeModel or a dict of its arguments.
+    No worker's batch moves by more than a factor `max_change` in one
+    decision (a trust region around the batches the model was fitted on).
+    With `variance_aware`, the split balances a high quantile of each worker's
+    time (its measured step-to-step spread), giving noisy workers slack
+    (lbbsp.allocation.tail_speeds). `model` takes a StepTimeModel or a dict of
+    its arguments.
     """
 
     name = "lbbsp"
@@ -262,8 +267,12 @@ class LBBSPPolicy(Policy):
         self.model.load_state(state["model"])
         self.rebalancer.load_state(state["rebalancer"])
 
-    def __init__(self, min_gain=0.02, min_step=0.125, model=None, settle=3):
+    def __init__(self, min_gain=0.02, min_step=0.125, model=None, settle=3, variance_aware=False, max_change=2.0):
         self.rebalancer = Rebalancer(min_gain, min_step)
+        if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not max_change > 1:
+            raise ValueError(f"max_change={max_change!r} is not allowed: it must be a number > 1")
+        self.max_change = float(max_change)
+        self.variance_aware = bool(variance_aware)
         if isinstance(settle, bool) or not isinstance(settle, int) or settle < 0:
             raise ValueError(f"settle={settle!r} is not allowed: it must be an integer >= 0")
         self.settle = settle
@@ -285,14 +294,16 @@ class LBBSPPolicy(Policy):
         """Batch-free speeds for the next step: the forecasts where valid and settled, else the fitted speeds."""
         forecast = np.asarray(forecast, dtype=np.float64)
         good = np.isfinite(forecast) & (forecast > 0) & (self._since_change >= self.settle)
-        return sanitize(np.where(good, forecast, self.model.speeds))
+        speeds = sanitize(np.where(good, forecast, self.model.speeds))
+        return tail_speeds(speeds, self.model.spread) if self.variance_aware else speeds
 
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
         self._since_change = np.where(self.model.changed, 0, self._since_change + 1)
         speeds = self.speeds(stats.forecast)
         total = int(self.batches.sum())
-        target = allocate(speeds, total, self.b_min, self.b_max, offsets=self.model.offsets)
+        target = allocate(speeds, total, self.b_min, self.b_max, offsets=self.model.offsets, near=self.batches,
+                          max_change=self.max_change)
         self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, self.b_min,
                                               self.b_max)
         self._speeds = speeds

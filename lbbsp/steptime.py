@@ -90,6 +90,11 @@ class StepTimeModel:
     def num_workers(self):
         return self.offsets.size
 
+    @property
+    def spread(self):
+        """Each worker's step-to-step noise: the standard deviation of log(measured / predicted time)."""
+        return np.sqrt(self._resid)
+
     def batch_free(self, batches, compute):
         """(b + k) / t: the speed a worker had in a step, with its fixed cost counted as k samples."""
         b = np.asarray(batches, dtype=np.float64)

@@ -177,3 +177,13 @@ def test_rebalancer_bad_arguments():
         Rebalancer(min_gain=1.5)
     with pytest.raises(ValueError, match="min_step=0"):
         Rebalancer(min_step=0)
+
+
+@given(problems(), st.floats(1.1, 4.0), st.integers(0, 10**6))
+@settings(max_examples=300, deadline=None)
+def test_trust_region_keeps_every_worker_near_its_current_batch(problem, change, seed):
+    v, k, global_batch, b_min, b_max = problem
+    near = allocate(np.random.default_rng(seed).uniform(0.1, 1.0, v.size), global_batch, b_min, b_max)
+    b = allocate(v, global_batch, b_min, b_max, offsets=k, near=near, max_change=change)
+    assert int(b.sum()) == global_batch and (b >= b_min).all()
+    assert (b >= np.floor(near / change)).all() and (b <= np.ceil(near * change) + 1).all()

@@ -45,10 +45,13 @@ def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares):
     assert {"lbbsp_efficiency", "lbbsp_idle_fraction", "lbbsp_batch", "lbbsp_overhead_ms"} <= set(r["lbbsp_keys"])
 
 
-@pytest.mark.parametrize("num_proc, predictor", [(1, "random"), (2, "random"), (3, "random"), (3, "failing")])
-def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor):
+@pytest.mark.parametrize("num_proc, predictor, pipeline", [
+    (1, "random", "function"), (2, "random", "function"), (3, "random", "function"), (3, "failing", "function"),
+    (2, "random", "sample"), (3, "random", "sample"),
+])
+def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor, pipeline):
     out = tmp_path / "result.json"
-    horovodrun(num_proc, "exactly_once.py", out, predictor)
+    horovodrun(num_proc, "exactly_once.py", out, predictor, pipeline)
     r = json.loads(out.read_text())
     ranks = r["ranks"]
     for epoch in range(3):

@@ -28,7 +28,7 @@ def test_every_sample_exactly_once_per_epoch(n, size, batch, seed, epoch, b_min)
             feed.plan(epoch, step, batches)
             x, y = feed.next_batch()
             assert len(x) == batches[feed.rank] and np.array_equal(y, x * 10)
-            assert feed.served == (epoch, step, len(x))
+            assert feed.served(epoch, step) == (len(x), 1)
             seen.append(x)
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(n))
 
@@ -94,4 +94,31 @@ def test_plan_rejects_wrong_batches():
     with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
         feed.plan(0, 0, [2, 2])
     with pytest.raises(RuntimeError, match="LoadBalancer"):
-        BatchFeed(np.zeros(10), global_batch=5).next_batch()
+        BatchFeed(np.zeros(10), global_batch=5).next_indices(timeout=0.05)
+
+
+def test_planned_steps_are_served_in_order_and_reading_ahead_is_bounded():
+    feed = BatchFeed(np.arange(20), global_batch=4, shuffle=False, prefetch=1)
+    for step in range(3):
+        feed.plan(0, step, [4])
+    feed.start_step(0, 0)
+    assert [feed.next_indices()[1] for _ in range(2)] == [0, 1]  # the step that trains and one ahead
+    with pytest.raises(RuntimeError, match="more than prefetch=1 steps ahead"):
+        feed.next_indices()
+    feed.start_step(0, 1)
+    assert feed.next_indices()[:2] == (0, 2)
+    assert feed.served(0, 1) == (4, 1) and feed.served(0, 4) == (None, 0) and feed.served_beyond(0, 1) == 1
+    feed.plan(0, 1, [4])  # planning a step again changes nothing
+    feed.close()
+    assert feed.next_indices() is None
+
+
+def test_a_reader_waiting_for_a_plan_gets_it_from_another_thread():
+    import threading
+
+    feed = BatchFeed(np.arange(8), global_batch=4, shuffle=False)
+    feed.start_step(0, 0)
+    timer = threading.Timer(0.05, feed.plan, args=(0, 0, [4]))
+    timer.start()
+    assert feed.next_indices(timeout=5)[2].tolist() == [0, 1, 2, 3]
+    timer.join()

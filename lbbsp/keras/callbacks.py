@@ -133,6 +133,12 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}"
             )
         self.feed.bind(self.rank, self.size)
+        if self.feed.prefetch > self.controller.plan_ahead:
+            raise ValueError(
+                f"prefetch={self.feed.prefetch} is not allowed with plan_ahead={self.controller.plan_ahead}: a step's "
+                "data can be read only once its split is decided; use BalancedFeed(..., prefetch=k) with "
+                "k <= plan_ahead"
+            )
         self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max)
         self._decisions = collections.deque()
         self._sizes = self._plans[(0, 0)]
@@ -231,12 +237,15 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         key = (self._epoch, step)
         while key not in self._plans and self._decisions:
             self._collect()  # usually done long ago: it ran while the previous step trained
-        if key not in self._plans:  # first step of a resumed run: continue from the current split
-            self._plans.update(self.controller.initial_plans(*key))
+        if key not in self._plans or self.controller.steps_seen == 0:
+            if key not in self._plans:  # first step of a resumed run: continue from the current split
+                self._plans.update(self.controller.initial_plans(*key))
+            for planned in sorted(k for k in self._plans if k >= key):  # the steps known before any decision
+                self.feed.plan(*planned, self._plans[planned])
         self._sizes = self._plans.pop(key)
         for old in [k for k in self._plans if k < key]:
             del self._plans[old]
-        self.feed.plan(self._epoch, step, self._sizes)
+        self.feed.start_step(self._epoch, step)
         self._state.set_scale(self._sizes[self.rank] / float(self.feed.schedule[step]))
         self._steps_before = self._state.steps
         self._local = None
@@ -247,11 +256,14 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         started = time.perf_counter()
         state = self._state
         local = int(self._sizes[self.rank])
-        if self.feed.served != (self._epoch, step, local) or self.feed.serves != 1:
+        served, times = self.feed.served(self._epoch, step)
+        beyond = self.feed.served_beyond(self._epoch, step)
+        if served != local or times != 1 or beyond > self.feed.prefetch:
             raise RuntimeError(
-                f"lbbsp: step {step} of epoch {self._epoch} should have read {local} samples once but the feed "
-                f"served {self.feed.served} {self.feed.serves} time(s); the dataset was prefetched or wrapped "
-                "(pass feed.dataset() to fit unchanged)"
+                f"lbbsp: step {step} of epoch {self._epoch} should have read {local} samples once, with at most "
+                f"{self.feed.prefetch} steps read ahead; the feed served {served} samples {times} time(s), "
+                f"{beyond} steps ahead: the dataset was wrapped (.batch, .shuffle, .prefetch, ...) after "
+                "feed.dataset(); pass it to fit unchanged and use BalancedFeed(..., prefetch=k) for read-ahead"
             )
         if state.steps != self._steps_before + 1 or self._local is None:
             raise RuntimeError(
@@ -283,6 +295,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         """Background thread: the decision from this step's gathered rows, and this step's record."""
         started = time.perf_counter()
         key, decided, stats = self.controller.decide(epoch, step, gathered, sizes)
+        self.feed.plan(*key, decided)  # the input pipeline may start on that step now
         balanced, slowest = self.controller.balance(stats)
         row.update(next_batch_size=int(decided[self.rank]), efficiency=balanced / slowest if slowest > 0 else math.nan)
         forecast_seconds = self._background.seconds if self._background is not None else 0.0
@@ -306,6 +319,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         logs.update(self.steps.epoch_summary())
 
     def on_train_end(self, logs=None):
+        self.feed.close()
         self._drain()
         if self._background is not None:
             self._background.wait()

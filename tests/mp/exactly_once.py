@@ -4,7 +4,10 @@ Also checks that every rank took the same decision at every step, that the
 train function was traced once for all batch sizes, and (with 'failing') that
 a predictor which raises or returns NaN/inf/<=0 on one rank neither kills
 nor hangs the job.
-Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing)
+Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing) [PIPELINE(function|sample)]
+
+With 'sample' the data comes through the per-sample tf.data pipeline with one step
+prefetched; every loaded index is recorded with tf.py_function.
 """
 import json
 import sys
@@ -19,6 +22,7 @@ from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
 
 out_path, kind = sys.argv[1], sys.argv[2]
+pipeline = sys.argv[3] if len(sys.argv) > 3 else "function"
 RandomPredictor, FailingPredictor = make_test_predictors()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
@@ -38,12 +42,36 @@ class Decisions(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.log.append(self.balancer._sizes.tolist())  # the split this step used
+        self.expected.append(feed.indices(self.epoch, batch, self.balancer._sizes).tolist())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_begin(self, logs=None):
+        self.expected = []
+
+
+def note(index):
+    loaded.add(int(index))
+    return index
+
+
+loaded = set()
+
+
+def load(index):
+    tf.py_function(note, [index], tf.int64)
+    x = tf.cast(index, tf.float32)[None]
+    return x, tf.sin(x)
 
 
 tf.keras.utils.set_random_seed(0)
 model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
-feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
+if pipeline == "sample":
+    feed = lb.BalancedFeed.from_sample_fn(load, N_SAMPLES, global_batch=24, seed=5, prefetch=1)
+else:
+    feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
 predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
 balancer = lb.LoadBalancer(feed, policy=LBBSPPolicy(min_gain=0.0), predictor=predictor, warmup_steps=0)
 decisions = Decisions(balancer)
@@ -54,12 +82,18 @@ model.fit(dataset, steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=
 
 per_epoch = []
 steps = feed.steps_per_epoch
+if pipeline == "sample":
+    # What each trained step was planned to read, every index of which the pipeline loaded.
+    chunks = [np.array(c, dtype=np.int64) for c in decisions.expected]
+    assert all(set(c.tolist()) <= loaded for c in chunks), "a planned sample was not loaded"
+else:
+    chunks = read
 for epoch in range(EPOCHS):
-    per_epoch.append(np.concatenate(read[epoch * steps:(epoch + 1) * steps]).tolist())
+    per_epoch.append(np.concatenate(chunks[epoch * steps:(epoch + 1) * steps]).tolist())
 mine = {
     "epochs": per_epoch,
     "decisions": decisions.log,
-    "batch_sizes": sorted({len(r) for r in read}),
+    "batch_sizes": sorted({len(r) for r in chunks}),
     "tracing_count": model.train_function.experimental_get_tracing_count(),
     "predictor_failures": balancer.forecaster.failures,
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
