@@ -36,7 +36,7 @@ def export(run_dir, out_dir, prefix="live"):
                    "quota": float(r.get("cores", "nan") or "nan"), "hog": int(r.get("state_hog") == "True"), "mem": 0}
             row.update({f: float(r[f]) for f in FEATURES})
             out_rows.append(row)
-        name = f"{prefix}_{scenario}_rank{rank}.csv.gz"
+        name = f"{prefix}_{scenario}_{os.path.basename(os.path.abspath(run_dir))}_rank{rank}.csv.gz"
         target = os.path.join(out_dir, name)
         write_trace(target, out_rows, [
             f"exported by: python -m benchmarks.export_traces from a live lbbsp run of scenario {scenario}, rank {rank}",

@@ -23,8 +23,8 @@ deterministic: no randomness, ties go to the lower worker index.
 """
 import numpy as np
 
-__all__ = ["validate_bounds", "sanitize", "allocate", "continuous_split", "predicted_time", "tail_speeds",
-           "Rebalancer"]
+__all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
+           "tail_speeds", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -162,14 +162,20 @@ def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None, near=None,
     k = np.zeros_like(v) if offsets is None else sanitize(offsets, positive=False)
     if k.shape != v.shape:
         raise ValueError(f"offsets={np.asarray(offsets).tolist()!r} is not allowed: give {v.size} values")
-    lower = np.full(v.size, b_min, dtype=np.int64)
+    return allocate_clean(v, k, global_batch, np.full(v.size, b_min, dtype=np.int64), upper, near, max_change)
+
+
+def allocate_clean(speeds, offsets, total, lower, upper, near=None, max_change=2.0):
+    """`allocate` for inputs already checked: positive finite speeds, finite offsets >= 0, integer bound
+    arrays with sum(lower) <= total <= sum(upper). The per-step path of the policies, where the bounds
+    were validated once at the start of training. `max_change` may be one factor per worker."""
     if near is not None:
         near = np.asarray(near, dtype=np.int64)
-        if near.shape == v.shape and int(near.sum()) == global_batch and max_change > 1:
+        if near.shape == speeds.shape and int(near.sum()) == total and np.all(np.asarray(max_change) > 1):
             lower = np.maximum(lower, np.floor(near / max_change).astype(np.int64))
             upper = np.minimum(upper, np.ceil(near * max_change).astype(np.int64) + 1)
-    x, _ = continuous_split(k, v, global_batch, lower, upper)
-    return _round(x, global_batch, k, v, lower, upper)
+    x, _ = continuous_split(offsets, speeds, total, lower, upper)
+    return _round(x, total, offsets, speeds, lower, upper)
 
 
 def tail_speeds(speeds, spread, z=None):
@@ -227,10 +233,11 @@ class Rebalancer:
         self._step = np.ones(num_workers)
         self._last_dir = np.zeros(num_workers, dtype=np.int64)
 
-    def update(self, current, target, speeds, offsets, b_min=1, b_max=None):
+    def update(self, current, target, speeds, offsets, lower, upper):
         """The batches to use next: `target` (or a damped move towards it), or `current` if the gain is too small.
 
-        `speeds` and `offsets` must be clean (positive and non-negative finite; see `sanitize`).
+        `speeds` and `offsets` must be clean (positive and non-negative finite; see `sanitize`), `lower`
+        and `upper` the per-worker bounds (integer arrays).
         """
         current = np.asarray(current, dtype=np.int64)
         if np.array_equal(target, current):
@@ -248,7 +255,7 @@ class Rebalancer:
         proposal = target
         if reversed_.any():
             blended = current + self._step * delta
-            damped = allocate(np.maximum(blended, 1e-9), int(current.sum()), b_min, b_max)
+            damped = allocate_clean(np.maximum(blended, 1e-9), np.zeros_like(blended), int(current.sum()), lower, upper)
             if float(np.max((offsets + damped) / speeds)) < now:
                 proposal = damped
             else:

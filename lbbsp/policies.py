@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Rebalancer, allocate, sanitize, tail_speeds, validate_bounds
+from .allocation import Rebalancer, allocate, allocate_clean, sanitize, tail_speeds, validate_bounds
 from .metrics import step_efficiency
 from .steptime import StepTimeModel
 
@@ -104,7 +104,7 @@ class Policy:
 
 
 class EqualPolicy(Policy):
-    """Plain Horovod BSP: b_i = B / N (largest remainder when B is not a multiple of N)."""
+    """Plain Horovod BSP: b_i = B / N (the remainder to the lowest ranks when B is not a multiple of N)."""
 
     name = "equal"
 
@@ -243,12 +243,15 @@ class LBBSPPolicy(Policy):
     forecast of its next batch-free speed v_i (made off the critical path by
     its own predictor from its speed history and telemetry, and exchanged; so
     it comes from the measurements of the step before) replaces the fitted
-    v_i where it is valid, except for `settle` steps after the model saw that
-    worker's speed jump: a forecast made before the jump has not seen it, the
-    fresh fit has. The split minimising max_i t_i(b_i) is then taken if it
+    v_i where it is valid and agrees with the fit (within the model's change
+    threshold), and not for `settle` steps after the model saw that worker's
+    speed jump: a forecast made before the jump, or one still catching up
+    with it, has not seen what the fresh measurement has. The split minimising max_i t_i(b_i) is then taken if it
     beats the current one by more than `min_gain` (lbbsp.allocation.Rebalancer).
     No worker's batch moves by more than a factor `max_change` in one
-    decision (a trust region around the batches the model was fitted on).
+    decision (a trust region around the batches the model was fitted on),
+    unless the model just measured that worker's speed jump at an unchanged
+    batch: then it may move by the measured ratio.
     With `variance_aware`, the split balances a high quantile of each worker's
     time (its measured step-to-step spread), giving noisy workers slack
     (lbbsp.allocation.tail_speeds). `model` takes a StepTimeModel or a dict of
@@ -287,25 +290,35 @@ class LBBSPPolicy(Policy):
         self.model.start(num_workers)
         self.rebalancer.start(num_workers)
         self._speeds = None
+        self._bounds = (None, None, None)
         self._since_change = np.full(num_workers, self.settle)
         return batches
 
     def speeds(self, forecast):
         """Batch-free speeds for the next step: the forecasts where valid and settled, else the fitted speeds."""
         forecast = np.asarray(forecast, dtype=np.float64)
-        good = np.isfinite(forecast) & (forecast > 0) & (self._since_change >= self.settle)
-        speeds = sanitize(np.where(good, forecast, self.model.speeds))
+        fitted = self.model.speeds
+        with np.errstate(all="ignore"):
+            agrees = ~(np.abs(np.log(forecast / fitted)) > self.model.change)  # NaN fit: nothing to disagree with
+        good = np.isfinite(forecast) & (forecast > 0) & agrees & (self._since_change >= self.settle)
+        speeds = sanitize(np.where(good, forecast, fitted))
         return tail_speeds(speeds, self.model.spread) if self.variance_aware else speeds
 
     def after_step(self, stats, next_global_batch):
+        before = self.model.speeds
         self.model.update(stats.batches, stats.compute)
         self._since_change = np.where(self.model.changed, 0, self._since_change + 1)
+        with np.errstate(all="ignore"):
+            jump = np.exp(np.abs(np.log(before / self.model.speeds)))
+        trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
         speeds = self.speeds(stats.forecast)
         total = int(self.batches.sum())
-        target = allocate(speeds, total, self.b_min, self.b_max, offsets=self.model.offsets, near=self.batches,
-                          max_change=self.max_change)
-        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, self.b_min,
-                                              self.b_max)
+        if total != self._bounds[0]:
+            _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)
+            self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
+        _, lower, upper = self._bounds
+        target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches, max_change=trust)
+        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper)
         self._speeds = speeds
         return self.resize(next_global_batch)
 

@@ -11,8 +11,12 @@ baseline that shows what the non-linear recurrent model adds.
 
 Both can adapt their linear readout online by recursive least squares on the
 worker's own history (`online=True`): a few microseconds per step, in line,
-so it never blocks a training step. Too little history or an invalid window
-falls back to an EMA forecast.
+so it never blocks a training step. The adapted readout is scored against the
+shipped one on every step (exponentially weighted |log error|); when its error
+exceeds 1.25 x the shipped readout's, it is reset to the shipped weights, and
+the forecast comes from whichever of the two has been better, so adaptation
+cannot diverge. Too little history or an invalid window falls back to an EMA
+forecast.
 """
 import json
 import logging
@@ -106,7 +110,9 @@ class _LearnedPredictor(SpeedPredictor):
         self._fallback.reset()
         self._rls = self._new_rls() if self.online else None
         self._pending = None
+        self._errors = np.zeros(2)  # EW |log error| of the shipped and the adapted readout
         self.fallbacks = 0
+        self.rls_resets = 0
 
     def observe(self, speed, features=None):
         super().observe(speed, features)
@@ -115,7 +121,16 @@ class _LearnedPredictor(SpeedPredictor):
             phi, level = self._pending
             value = self.history.speeds[-1]
             if np.isfinite(value):
-                self._rls.update(phi, float(np.clip(np.log(value / level), -LOG_CLIP, LOG_CLIP)))
+                target = float(np.clip(np.log(value / level), -LOG_CLIP, LOG_CLIP))
+                shipped = float(phi @ self._readout_w + self._readout_b)
+                errors = np.abs([shipped - target, self._rls.predict(phi) - target])
+                self._errors += 0.1 * (errors - self._errors)
+                if self._errors[1] > 1.25 * self._errors[0] + 1e-3:
+                    self._rls = self._new_rls()  # adaptation has drifted: start again from the shipped readout
+                    self._errors[1] = self._errors[0]
+                    self.rls_resets += 1
+                else:
+                    self._rls.update(phi, target)
         self._pending = None
 
     def _forecast(self):
@@ -125,11 +140,11 @@ class _LearnedPredictor(SpeedPredictor):
             return self._fallback.forecast()
         level, window = built
         phi = self._readout_input(window)
+        out = float(phi @ self._readout_w + self._readout_b)
         if self._rls is not None:
             self._pending = (phi, level)
-            out = self._rls.predict(phi)
-        else:
-            out = float(phi @ self._readout_w + self._readout_b)
+            if self._errors[1] < self._errors[0]:
+                out = self._rls.predict(phi)
         return level * float(np.exp(np.clip(out, -LOG_CLIP, LOG_CLIP)))
 
     def _new_rls(self):

@@ -60,7 +60,7 @@ def cgroup_cpu_dir(pid="self"):
 
 
 class _ProcFile:
-    """A /proc or /sys file kept open and re-read with pread (an open() costs ~40 us here)."""
+    """A /proc or /sys file kept open and re-read with pread (cheaper than opening it at every sample)."""
 
     def __init__(self, path):
         try:

@@ -2,7 +2,12 @@
 
 Columns: step, time, batch, step_time, speed, the telemetry FEATURES, and the
 injected state where the recorder knows it (quota, hog, mem). Lines starting
-with '#' hold how the trace was made.
+with '#' hold how the trace was made. `speed` is the batch-free speed the
+predictors forecast: samples/s for traces recorded at one batch size
+(benchmarks.record, where it is proportional to the batch-free speed), and
+(b + k) / t with the job's fitted fixed cost k for traces exported from
+live lbbsp jobs, whose batch changes from step to step
+(benchmarks.export_traces, files named live_*).
 """
 import csv
 import gzip

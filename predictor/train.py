@@ -39,7 +39,9 @@ TEST_TRACES = ("steady_cnn_b32", "quota_mlp_b256", "hog_mlp_b32", "memory_cnn_b3
 
 
 def training_traces(directory=TRACE_DIR):
-    return [p for p in list_traces(directory) if os.path.basename(p).split(".")[0] not in TEST_TRACES]
+    """Every recorded trace except the held-out ones (TEST_TRACES, and live_* traces exported from lbbsp jobs)."""
+    names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces(directory)]
+    return [p for p, name in names if name not in TEST_TRACES and not name.startswith("live_")]
 
 
 def windows(paths, spec, holdout=0.15):

@@ -149,8 +149,11 @@ def test_bad_input_names_the_value(kwargs, message):
 
 
 def _move(r, current, speeds, offsets=(0.0, 0.0)):
-    target = allocate(speeds, int(np.sum(current)), offsets=offsets)
-    return r.update(current, target, speeds, offsets)
+    total = int(np.sum(current))
+    target = allocate(speeds, total, offsets=offsets)
+    n = len(current)
+    return r.update(current, target, np.asarray(speeds), np.asarray(offsets), np.ones(n, np.int64),
+                    np.full(n, total, np.int64))
 
 
 def test_rebalancer_hysteresis_keeps_allocation_for_small_gains():

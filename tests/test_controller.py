@@ -179,3 +179,21 @@ def test_bad_arguments_name_the_value():
         LBBSPPolicy(model=3)
     with pytest.raises(ValueError, match="forgetting=1.0"):
         LBBSPPolicy(model={"forgetting": 1.0})
+
+
+def test_lbbsp_follows_a_step_change_within_three_steps():
+    # Worker 1's speed drops 4x at step 20 and comes back at step 40 (fixed cost 10 samples). The
+    # forecasts lag as a smoothing forecaster's do (an EMA, one step old): the fresh fit must win.
+    k, B = 10.0, 256
+
+    def speeds(t):
+        return np.array([1000.0, 250.0 if 20 <= t < 40 else 1000.0])
+
+    loop = Loop(BalanceController(LBBSPPolicy(), warmup_steps=0), 2, [B] * 100)
+    eta, ema, sent = [], speeds(0), speeds(0)
+    for t in range(60):
+        v = speeds(t)
+        b = loop.step(lambda sizes: gathered(sent, (k + sizes) / v))
+        sent, ema = ema, ema + 0.3 * (v - ema)
+        eta.append(((B + 2 * k) / v.sum()) / np.max((k + b) / v))
+    assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)

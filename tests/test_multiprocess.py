@@ -110,3 +110,17 @@ def test_resume_mid_epoch_keeps_exactly_once_and_the_balanced_split(tmp_path, nu
     first = resume[0]["sizes"][0][2]
     assert first == before == {2: [3, 5], 3: [1, 3, 4]}[num_proc], (first, before)
     assert all(r["weights"] == resume[0]["weights"] for r in resume), "replicas diverged after the resume"
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_resume_from_a_model_checkpoint_with_initial_epoch(tmp_path, num_proc):
+    horovodrun(num_proc, "resume.py", tmp_path, "crash", "epochs")
+    horovodrun(num_proc, "resume.py", tmp_path, "resume", "epochs")
+    crash = json.loads((tmp_path / "crash_0.json").read_text())
+    resume = [json.loads((tmp_path / f"resume_{r}.json").read_text()) for r in range(num_proc)]
+    assert crash["outcome"].startswith("simulated failure") and all(r["resumed"] for r in resume)
+    assert resume[0]["sizes"][0][:2] == [1, 0], "fit(initial_epoch=1) starts at the first step of epoch 1"
+    assert resume[0]["sizes"][0][2] == {2: [3, 5], 3: [1, 3, 4]}[num_proc], "balanced from the first step"
+    for epoch in (1, 2):
+        seen = sorted(i for r in resume for (e, s, idx) in r["read"] if e == epoch for i in idx)
+        assert seen == list(range(96))

@@ -203,3 +203,24 @@ def test_training_command_writes_loadable_models(tmp_path):
     speeds = rng.uniform(900, 1100, 30)
     assert np.isfinite(feed(narx, speeds, rng.uniform(0, 1, (30, len(FEATURES))))).all()
     assert np.isfinite(feed(arx, speeds)).all()
+
+
+@pytest.mark.parametrize("kind", ["arx", "narx"])
+def test_online_adaptation_never_diverges(kind):
+    # A random walk of the speed with jumps, unlike the training traces: the adapted readout may
+    # help or not, but its error stays within a small factor of the shipped readout's.
+    rng = np.random.default_rng(7)
+    level, speeds = 100.0, []
+    for step in range(3000):
+        level *= np.exp(rng.normal(0, 0.02)) * (rng.choice([0.25, 4.0]) if rng.random() < 0.01 else 1.0)
+        level = float(np.clip(level, 5.0, 5000.0))
+        speeds.append(level * np.exp(rng.normal(0, 0.08)))
+    errors = {}
+    for online in (False, True):
+        p = load_default(kind, online=online)
+        out = []
+        for t, v in enumerate(speeds[:-1]):
+            p.observe(v, NEUTRAL)
+            out.append(abs(p.forecast() / speeds[t + 1] - 1))
+        errors[online] = float(np.mean(out[20:]))
+    assert errors[True] <= 1.3 * errors[False], errors

@@ -1,11 +1,14 @@
-"""Run under horovodrun twice: train, crash mid-epoch on every rank, then resume from the checkpoints.
+"""Run under horovodrun twice: train, crash on every rank, then resume from the checkpoints.
 
-Phase "crash" trains with Keras' BackupAndRestore (every 3 steps) and lbbsp's
-state file (every 3 steps) and raises after step 7 of epoch 1. Phase "resume"
-starts a fresh process: Keras restores the model and resumes at step 6 of
-epoch 1, lbbsp restores its split, model and predictor. Each phase writes the
-(epoch, step, indices) it read and the batch sizes it used, per rank.
-Usage: horovodrun -np N python tests/mp/resume.py DIR PHASE(crash|resume)
+Mode "steps": phase "crash" trains with Keras' BackupAndRestore (every 3
+steps) and lbbsp's state file (every 3 steps) and raises after step 7 of
+epoch 1; phase "resume" starts a fresh process: Keras restores the model and
+resumes at step 6 of epoch 1, lbbsp restores its split, model and predictor.
+Mode "epochs": ModelCheckpoint saves the weights at every epoch end, lbbsp its
+state; the crash comes after step 3 of epoch 1, and the resume loads the
+weights and calls fit(initial_epoch=1). Each phase writes the (epoch, step,
+indices) it read and the batch sizes it used, per rank.
+Usage: horovodrun -np N python tests/mp/resume.py DIR PHASE(crash|resume) [MODE(steps|epochs)]
 """
 import json
 import os
@@ -21,6 +24,8 @@ from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from predictor.base import SpeedPredictor  # noqa: E402
 
 out_dir, phase = sys.argv[1], sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else "steps"
+crash_step = 7 if mode == "steps" else 3
 rank, size = hvd.rank(), hvd.size()
 N_SAMPLES, EPOCHS = 96, 3  # 12 steps of 8: BackupAndRestore's count and lbbsp's stay aligned
 read, sizes, where = [], [], {"epoch": -1, "step": -1}
@@ -50,8 +55,8 @@ class Record(tf.keras.callbacks.Callback):
         sizes.append((where["epoch"], int(step), balancer._sizes.tolist()))  # the split this step uses
 
     def on_train_batch_end(self, step, logs=None):
-        if phase == "crash" and where["epoch"] == 1 and step == 7:
-            raise RuntimeError("simulated failure after step 7 of epoch 1")
+        if phase == "crash" and where["epoch"] == 1 and step == crash_step:
+            raise RuntimeError(f"simulated failure after step {crash_step} of epoch 1")
 
 
 tf.keras.utils.set_random_seed(0)
@@ -61,14 +66,23 @@ feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=8, seed=3)
 # k pinned at 0 (min_spread=1): the split follows the forecasts exactly, 1 : 2 (: 3).
 policy = LBBSPPolicy(min_gain=0.0, settle=0, model={"min_spread": 1.0})
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=RankSpeed(), warmup_steps=0,
-                           state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"), state_every=3)
-backup = tf.keras.callbacks.BackupAndRestore(os.path.join(out_dir, f"backup_{rank}"), save_freq=3,
-                                             delete_checkpoint=False)
+                           state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"),
+                           state_every=3 if mode == "steps" else None)
+weights = os.path.join(out_dir, f"weights_{rank}.h5")
+initial_epoch = 0
+if mode == "steps":
+    checkpoint = tf.keras.callbacks.BackupAndRestore(os.path.join(out_dir, f"backup_{rank}"), save_freq=3,
+                                                     delete_checkpoint=False)
+else:
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(weights, save_weights_only=True)
+    if phase == "resume":
+        model.load_weights(weights)
+        initial_epoch = 1
 dataset = feed.dataset()
 read.clear()  # dataset() read one sample to learn the element signature
 try:
-    model.fit(dataset, steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), backup, balancer, Record()])
+    model.fit(dataset, steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0, initial_epoch=initial_epoch,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), checkpoint, balancer, Record()])
     outcome = "finished"
 except RuntimeError as exc:
     outcome = str(exc)
