@@ -73,7 +73,9 @@ if pipeline == "sample":
 else:
     feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
 predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
-balancer = lb.LoadBalancer(feed, policy=LBBSPPolicy(min_gain=0.0), predictor=predictor, warmup_steps=0)
+# Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
+policy = LBBSPPolicy(min_gain=0.0, model={"change": 100.0})
+balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
 read.clear()  # dataset() read one sample to learn the element signature
