@@ -189,13 +189,14 @@ def main(argv=None):
                     driver.delay(local)
                     yield shard_x[idx], shard_y[idx]
 
-        sig = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int64))
-        data = tf.data.Dataset.from_generator(batches, output_signature=sig)
         if images:  # the pipeline a user writes: per-sample load in parallel, batch, prefetch
             data = tf.data.Dataset.from_tensor_slices(np.arange(rank, len(x), size)).shuffle(len(x) // size,
                                                                                               seed=args.seed)
             data = data.repeat().map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(local, drop_remainder=True)
             data = data.prefetch(1)
+        else:
+            sig = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int64))
+            data = tf.data.Dataset.from_generator(batches, output_signature=sig)
         steps = len(x) // scenario.global_batch
         callbacks.insert(1, hvd.callbacks.MetricAverageCallback())
     else:

@@ -194,11 +194,14 @@ def tail_speeds(speeds, spread, z=None):
     return v * np.exp(-z * s)
 
 
+def _finish(batches, speeds, offsets):
+    """max_i (k_i + b_i) / v_i for clean speeds and offsets."""
+    return float(np.max((offsets + np.asarray(batches, dtype=np.float64)) / speeds))
+
+
 def predicted_time(batches, speeds, offsets=None):
     """max_i (k_i + b_i) / v_i: the predicted compute time of a synchronous step."""
-    v = sanitize(speeds)
-    k = 0.0 if offsets is None else sanitize(offsets, positive=False)
-    return float(np.max((k + np.asarray(batches, dtype=np.float64)) / v))
+    return _finish(batches, sanitize(speeds), 0.0 if offsets is None else sanitize(offsets, positive=False))
 
 
 class Rebalancer:
@@ -242,8 +245,8 @@ class Rebalancer:
         current = np.asarray(current, dtype=np.int64)
         if np.array_equal(target, current):
             return current.copy()
-        now = float(np.max((offsets + current) / speeds))
-        best = float(np.max((offsets + target) / speeds))
+        now = _finish(current, speeds, offsets)
+        best = _finish(target, speeds, offsets)
         if now <= 0 or (now - best) / now <= self.min_gain:
             return current.copy()
         delta = (target - current).astype(np.float64)
@@ -256,7 +259,7 @@ class Rebalancer:
         if reversed_.any():
             blended = current + self._step * delta
             damped = allocate_clean(np.maximum(blended, 1e-9), np.zeros_like(blended), int(current.sum()), lower, upper)
-            if float(np.max((offsets + damped) / speeds)) < now:
+            if _finish(damped, speeds, offsets) < now:
                 proposal = damped
             else:
                 self._step[:] = 1.0

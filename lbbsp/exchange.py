@@ -15,23 +15,16 @@ rank, so nothing else travels.
 """
 import numpy as np
 
-__all__ = ["FIELDS", "LOCAL_FIELDS", "Row", "empty", "column", "pack_local"]
+__all__ = ["FIELDS", "Row", "empty", "pack_local"]
 
 #: Every column, in order.
 FIELDS = ("forecast", "wait", "compute")
-#: Columns a worker fills after a step for the next exchange (compute is measured in the step itself).
-LOCAL_FIELDS = ("forecast", "wait")
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 
 
 def empty(num_workers, dtype=np.float64, fill=np.nan):
     """An (N, len(FIELDS)) matrix filled with `fill`."""
     return np.full((int(num_workers), len(FIELDS)), fill, dtype=dtype)
-
-
-def column(matrix, name):
-    """The column `name` of a gathered matrix, as float64."""
-    return np.asarray(matrix, dtype=np.float64)[:, _INDEX[name]]
 
 
 def pack_local(out, rank, **values):

@@ -14,6 +14,8 @@ import time
 from predictor import make_predictor
 from predictor.base import is_valid_speed
 
+from .steptime import batch_free_speed
+
 __all__ = ["Forecaster", "Background", "BackgroundForecaster"]
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class Forecaster:
 
     def update(self, batch, compute, offset=0.0, features=None):
         """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast."""
-        speed = (batch + offset) / compute if compute > 0 and math.isfinite(compute) else math.nan
+        speed = batch_free_speed(batch, compute, offset)
         if is_valid_speed(speed):
             self.last_speed = speed
             self.low, self.high = min(self.low, speed), max(self.high, speed)

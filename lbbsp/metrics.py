@@ -1,7 +1,7 @@
-"""Balance metrics of synchronous steps (numpy only): balanced time, efficiency, straggler level."""
+"""Balance metrics of synchronous steps (numpy only): balanced time, and efficiency and straggler level per epoch."""
 import numpy as np
 
-__all__ = ["balanced_time", "step_efficiency", "summarize_steps"]
+__all__ = ["balanced_time", "summarize_steps"]
 
 
 def balanced_time(batches, compute):
@@ -9,11 +9,6 @@ def balanced_time(batches, compute):
     batches = np.asarray(batches, dtype=np.float64)
     compute = np.asarray(compute, dtype=np.float64)
     return float(batches.sum() / np.sum(batches / compute))
-
-
-def step_efficiency(batches, compute):
-    """eta = T* / max_i t_i (1.0 when every worker finishes together)."""
-    return balanced_time(batches, compute) / float(np.max(compute))
 
 
 def summarize_steps(batches, compute):

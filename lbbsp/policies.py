@@ -10,7 +10,6 @@ import dataclasses
 import numpy as np
 
 from .allocation import Rebalancer, allocate, allocate_clean, sanitize, tail_speeds, validate_bounds
-from .metrics import step_efficiency
 from .steptime import StepTimeModel
 
 __all__ = [
@@ -47,13 +46,6 @@ class StepStats:
         """Measured speed b_i / compute_i (NaN where compute is not positive)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.compute > 0, self.batches / self.compute, np.nan)
-
-    @property
-    def efficiency(self):
-        """eta = T* / max_i t_i of this step (NaN when a compute time is missing)."""
-        if not np.all(np.isfinite(self.compute) & (self.compute > 0)):
-            return float("nan")
-        return step_efficiency(self.batches, self.compute)
 
 
 class Policy:

@@ -34,9 +34,11 @@ offset          0        prior k in samples while it is not identified; 0 makes 
                          step times
 ==============  =======  =================================================================
 """
+import math
+
 import numpy as np
 
-__all__ = ["StepTimeModel"]
+__all__ = ["StepTimeModel", "batch_free_speed"]
 
 
 def _number(name, value, low, high, low_open=False, high_open=False):
@@ -46,6 +48,11 @@ def _number(name, value, low, high, low_open=False, high_open=False):
         lb, hb = "(" if low_open else "[", ")" if high_open else "]"
         raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {lb}{low}, {high}{hb}")
     return float(value)
+
+
+def batch_free_speed(batch, compute, offset=0.0):
+    """(b + k) / t: the speed of a step with its fixed cost counted as k samples (NaN without a valid time)."""
+    return (batch + offset) / compute if compute > 0 and math.isfinite(compute) else math.nan
 
 
 class StepTimeModel:
@@ -94,13 +101,6 @@ class StepTimeModel:
     def spread(self):
         """Each worker's step-to-step noise: the standard deviation of log(measured / predicted time)."""
         return np.sqrt(self._resid)
-
-    def batch_free(self, batches, compute):
-        """(b + k) / t: the speed a worker had in a step, with its fixed cost counted as k samples."""
-        b = np.asarray(batches, dtype=np.float64)
-        t = np.asarray(compute, dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(t > 0, (b + self.offsets) / t, np.nan)
 
     def predict(self, batches, speeds=None):
         """Predicted compute seconds of each worker at `batches` (with `speeds`, default the fitted ones)."""

@@ -12,6 +12,7 @@ import tensorflow as tf
 from ..controller import BalanceController
 from ..forecasting import Background, BackgroundForecaster, Forecaster
 from ..history import FIELDS, StepLog
+from ..steptime import batch_free_speed
 from .data import BalancedFeed
 from .global_metrics import global_metric_results
 from .optimizer import is_balanced_optimizer
@@ -275,7 +276,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         row = dict(
             time=t_end, epoch=self._epoch, step=step, rank=self.rank, global_batch=int(self._sizes.sum()),
             batch_size=local, compute=compute, wait=wait, step_time=t_end - self._t_begin,
-            speed=(local + offset) / compute if compute > 0 else math.nan, offset=offset, forecast=forecast,
+            speed=batch_free_speed(local, compute, offset), offset=offset, forecast=forecast,
         )
         if features is not None:
             row.update(zip(self.steps.columns[len(FIELDS):], (float(v) for v in features)))
