@@ -11,8 +11,10 @@ lbbsp.history's.
 import numpy as np
 
 from .exchange import Row
+from .membership import worker_index
 from .metrics import balanced_time
 from .policies import StepStats, make_policy
+from .sharding import EpochSchedule
 
 __all__ = ["BalanceController"]
 
@@ -38,11 +40,18 @@ class BalanceController:
         return model.offsets if model is not None else np.zeros(self.size)
 
     def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0):
-        """Reset per-run state; return {(epoch, step): batch sizes} of the first 1 + plan_ahead steps."""
+        """Reset per-run state; return {(epoch, step): batch sizes} of the first 1 + plan_ahead steps.
+
+        `schedule`: the global batch of each step of an epoch, or an
+        `lbbsp.sharding.EpochSchedule` (whose resumed epoch may be shorter).
+        """
         self.size = int(size)
-        self.schedule = np.asarray(schedule, dtype=np.int64)
-        self.steps_per_epoch = int(self.schedule.size)
-        first = self.policy.start(size, int(self.schedule[step]), b_min, b_max)
+        if not isinstance(schedule, EpochSchedule):
+            schedule = EpochSchedule.from_steps(schedule)
+        self.schedule = schedule
+        self.b_min, self.b_max = b_min, b_max
+        epoch, step = schedule.after(epoch, step, 0)
+        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max)
         self.batch_sizes = np.asarray(first, dtype=np.int64)
         self.steps_seen = 0
         return self.initial_plans(epoch, step)
@@ -51,9 +60,25 @@ class BalanceController:
         """The current split for (epoch, step) and the plan_ahead steps after it (at the start or a resume)."""
         plans = {}
         for ahead in range(self.plan_ahead + 1):
-            e, s = divmod(epoch * self.steps_per_epoch + step + ahead, self.steps_per_epoch)
-            plans[(e, s)] = np.asarray(self.policy.resize(int(self.schedule[s])), dtype=np.int64)
+            e, s = self.schedule.after(epoch, step, ahead)
+            plans[(e, s)] = np.asarray(self.policy.resize(int(self.schedule.of(e)[s])), dtype=np.int64)
         return plans
+
+    def rejoin(self, state, old_workers, new_workers):
+        """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`.
+
+        A worker in both keeps its estimates; a newcomer starts from the mean
+        of the others' (lbbsp.membership); the split is recomputed for the new
+        set. Call after `start` (the new size and schedule). Returns the
+        index of each new worker among the old ones (-1: new).
+        """
+        index = worker_index(old_workers, new_workers)
+        if state.get("policy") != self.policy.name:
+            raise ValueError(f"a saved state of policy {state.get('policy')!r} cannot continue policy "
+                             f"{self.policy.name!r}")
+        self.policy.rejoin(state["state"], index, int(self.batch_sizes.sum()))
+        self.batch_sizes = np.asarray(self.policy.batches, dtype=np.int64).copy()
+        return index
 
     def decide(self, epoch, step, gathered, sizes):
         """Split of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with `sizes`.
@@ -61,12 +86,11 @@ class BalanceController:
         Returns ((epoch, step) the split is for, batch sizes, StepStats of the measured step).
         """
         row = Row(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
-        spe = self.steps_per_epoch
-        target = epoch * spe + step + 1 + self.plan_ahead
-        t_epoch, t_step = divmod(target, spe)
-        next_global = int(self.schedule[t_step])
-        stats = StepStats(step=epoch * spe + step, batches=np.asarray(sizes, dtype=np.int64).copy(),
-                          compute=row.compute, wait=row.wait, forecast=row.forecast, target=target)
+        t_epoch, t_step = self.schedule.after(epoch, step, 1 + self.plan_ahead)
+        next_global = int(self.schedule.of(t_epoch)[t_step])
+        stats = StepStats(step=self.schedule.index(epoch, step), batches=np.asarray(sizes, dtype=np.int64).copy(),
+                          compute=row.compute, wait=row.wait, forecast=row.forecast,
+                          target=self.schedule.index(t_epoch, t_step))
         self.steps_seen += 1
         if self.steps_seen <= self.warmup_steps:
             # The first steps trace the train function (twice in Keras 2.15): their timings say nothing.

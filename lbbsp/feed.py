@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from .allocation import validate_bounds
-from .sharding import epoch_permutation, global_batch_schedule, local_indices
+from .sharding import EpochSchedule, epoch_permutation, local_indices
 
 __all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
 
@@ -102,14 +102,24 @@ class BatchFeed:
         """A feed whose samples come from `fn(indices)`, which returns a batch like `(x, y)` for an index array."""
         return cls(None, global_batch=global_batch, _source=FunctionSource(fn, num_samples), **kwargs)
 
-    def bind(self, rank, size):
-        """Fix this worker's rank and the number of workers; recompute the epoch schedule."""
+    def bind(self, rank, size, resume=None, global_batch=None):
+        """Fix this worker's rank and the number of workers; recompute the epoch schedule.
+
+        `resume=(epoch, position)`: that epoch continues from sample `position`
+        of its permutation (the samples before it were trained on before a
+        membership change). `global_batch` changes the global batch from now on.
+        """
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size={size!r} is not allowed: it must be an integer >= 1")
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
             raise ValueError(f"rank={rank!r} is not allowed with size={size}: it must be an integer in [0, size)")
-        self.schedule = global_batch_schedule(self.num_samples, self.global_batch, size, self.b_min,
-                                              self.drop_remainder)
+        if global_batch is not None:
+            validate_bounds(1, global_batch, self.b_min)
+        global_batch = self.global_batch if global_batch is None else int(global_batch)
+        self.epoch_schedule = EpochSchedule(self.num_samples, global_batch, size, self.b_min, self.drop_remainder,
+                                            resume)
+        self.global_batch = global_batch
+        self.schedule = self.epoch_schedule.full
         largest = int(self.schedule.max())
         _, _, upper = validate_bounds(size, self.global_batch, self.b_min, self.b_max)
         if self.b_max is not None and largest > int(upper.sum()):
@@ -118,16 +128,17 @@ class BatchFeed:
                 f"and the {size} workers can take at most {int(upper.sum())}; raise b_max or pass drop_remainder=True"
             )
         self.rank, self.size = int(rank), int(size)
-        self.offsets = np.concatenate([[0], np.cumsum(self.schedule)[:-1]]).astype(np.int64)
         self.reopen()
 
     @property
     def steps_per_epoch(self):
-        return int(self.schedule.size)
+        """Steps of a whole epoch (the resumed epoch has `epoch_schedule.steps_in(epoch)`)."""
+        return self.epoch_schedule.steps_per_epoch
 
     def reopen(self):
-        """Forget all plans (start of training)."""
+        """Forget all plans (start of training); readers of an earlier dataset stop."""
         with self._cond:
+            self.generation = getattr(self, "generation", 0) + 1
             self._plans = collections.OrderedDict()
             self._served = collections.OrderedDict()
             self._perms = {}
@@ -142,15 +153,16 @@ class BatchFeed:
             self._cond.notify_all()
 
     def _index(self, key):
-        return key[0] * self.steps_per_epoch + key[1]
+        return self.epoch_schedule.index(*key)
 
     def plan(self, epoch, step, batches):
         """Plan step `step` of `epoch` under per-worker sizes `batches` (steps are planned in order)."""
         batches = np.asarray(batches, dtype=np.int64)
-        if batches.shape != (self.size,) or int(batches.sum()) != int(self.schedule[step]):
+        total = int(self.epoch_schedule.of(epoch)[step])
+        if batches.shape != (self.size,) or int(batches.sum()) != total:
             raise ValueError(
                 f"batches={batches.tolist()} is not allowed at step {step}: it needs {self.size} sizes "
-                f"summing to {int(self.schedule[step])}"
+                f"summing to {total}"
             )
         key = (int(epoch), int(step))
         with self._cond:
@@ -179,19 +191,23 @@ class BatchFeed:
     def indices(self, epoch, step, batches, rank=None):
         """Sample indices that `rank` (default: this worker) reads at (epoch, step) under `batches`."""
         perm = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle)
-        return local_indices(perm, self.offsets[step], batches, self.rank if rank is None else rank)
+        start = self.epoch_schedule.offsets(epoch)[step]
+        return local_indices(perm, start, batches, self.rank if rank is None else rank)
 
-    def next_indices(self, timeout=600.0):
+    def next_indices(self, timeout=600.0, generation=None):
         """(epoch, step, indices) of the next planned step, in order; None once the feed is closed.
 
         Waits for the plan when the reader is within `prefetch` steps of the
         training step; raises RuntimeError when it reads further ahead (the
         dataset was wrapped in something that reads ahead) or no plan comes
-        within `timeout` seconds.
+        within `timeout` seconds. A reader of `generation` (the feed's
+        `generation` when its dataset was made) also stops once the feed was
+        reopened, so an iterator left over from an interrupted fit never takes
+        the next fit's steps.
         """
         with self._cond:
             while True:
-                if self._closed:
+                if self._closed or (generation is not None and generation != self.generation):
                     return None
                 if self._plans:
                     key = next(iter(self._plans))
@@ -212,16 +228,16 @@ class BatchFeed:
             if key[0] not in self._perms:
                 self._perms = {e: p for e, p in self._perms.items() if e >= key[0] - 1}
                 self._perms[key[0]] = epoch_permutation(self.num_samples, self.seed, key[0], self.shuffle)
-            idx = local_indices(self._perms[key[0]], self.offsets[key[1]], batches, self.rank)
+            idx = local_indices(self._perms[key[0]], self.epoch_schedule.offsets(key[0])[key[1]], batches, self.rank)
             size, times = self._served.get(key, (len(idx), 0))
             self._served[key] = (len(idx), times + 1)
             while len(self._served) > 64:
                 self._served.popitem(last=False)
         return key[0], key[1], idx
 
-    def next_batch(self):
-        """This worker's batch for the next planned step (None once the feed is closed)."""
-        item = self.next_indices()
+    def next_batch(self, generation=None):
+        """This worker's batch for the next planned step (None once the feed is closed or reopened)."""
+        item = self.next_indices(generation=generation)
         return None if item is None else self.source.take(item[2])
 
     def example(self):

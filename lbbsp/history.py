@@ -11,7 +11,7 @@ __all__ = ["StepLog", "FIELDS"]
 
 #: Columns of the per-step CSV (telemetry features follow where they were read).
 FIELDS = (
-    "time", "epoch", "step", "rank", "global_batch", "batch_size", "compute", "wait", "step_time",
+    "time", "epoch", "step", "rank", "workers", "global_batch", "batch_size", "compute", "wait", "step_time",
     "speed", "offset", "forecast", "next_batch_size", "efficiency", "overhead", "background",
 )
 
@@ -19,10 +19,10 @@ FIELDS = (
 class StepLog:
     """Rows of FIELDS (plus `extra` columns) for one rank; see the module docstring."""
 
-    def __init__(self, path=None, keep=1000, extra=()):
+    def __init__(self, path=None, keep=1000, extra=(), append=False):
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
             raise ValueError(f"keep={keep!r} is not allowed: give an integer >= 0 or None (keep every row)")
-        self.path, self.columns = path, FIELDS + tuple(extra)
+        self.path, self.columns, self.append = path, FIELDS + tuple(extra), bool(append)
         self.rows = collections.deque(maxlen=keep)
         self._fh = self._writer = None
         self.steps = 0
@@ -36,9 +36,10 @@ class StepLog:
     def add(self, row, balanced=None, slowest=None):
         """Record one step; `balanced` and `slowest` (seconds) feed the epoch's efficiency when known."""
         if self.path and self._writer is None:
-            self._fh = open(self.path, "w", newline="")
+            self._fh = open(self.path, "a" if self.append else "w", newline="")
             self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="ignore")
-            self._writer.writeheader()
+            if self._fh.tell() == 0:
+                self._writer.writeheader()
         if self._writer is not None:
             self._writer.writerow(row)
         self.rows.append(row)

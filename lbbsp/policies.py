@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from .allocation import Rebalancer, allocate, allocate_clean, sanitize, tail_speeds, validate_bounds
+from .membership import remap_workers
 from .steptime import StepTimeModel
 
 __all__ = [
@@ -57,8 +58,11 @@ class Policy:
     #: The StepTimeModel whose fixed costs turn a worker's timing into its batch-free speed, if any.
     model = None
 
-    #: Attributes that make up the policy's state between steps (saved with checkpoints).
+    #: Attributes that make up the policy's state between steps (saved with checkpoints). An array
+    #: whose last axis has one entry per worker is per worker along it (lbbsp.membership).
     _STATE = ("batches",)
+    #: State keys that are observations, with the value a newcomer starts from (lbbsp.membership).
+    _EMPTY = {}
 
     def state(self):
         """The policy's state between steps, for checkpoints (plain values and numpy arrays)."""
@@ -72,6 +76,24 @@ class Policy:
         for name in self._STATE:
             if name in state:
                 setattr(self, name, state[name])
+
+    def rejoin(self, state, index, global_batch):
+        """Continue from `state()` of another set of workers; new worker j was old worker `index[j]` (-1: new).
+
+        Call after `start` for the new set. Per-worker estimates follow their
+        workers and newcomers get the mean of the others (lbbsp.membership);
+        the new split comes from them.
+        """
+        old = np.asarray(state["batches"], dtype=np.float64)
+        self.load_state(remap_workers(dict(state, batches=np.zeros(self.num_workers, np.int64)), index, old.size,
+                                      self._EMPTY))
+        if hasattr(self, "_global"):
+            self._global = int(global_batch)
+        self.batches = self._rejoin_split(remap_workers(old, index, old.size), int(global_batch))
+
+    def _rejoin_split(self, shares, global_batch):
+        """The split after a membership change: the old batches as shares (a newcomer's is their mean)."""
+        return allocate(shares, global_batch, self.b_min, self.b_max)
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         """Reset for a new training run; return the batches of the first step."""
@@ -253,6 +275,7 @@ class LBBSPPolicy(Policy):
     name = "lbbsp"
     uses_forecast = True
     _STATE = ("batches", "_speeds", "_since_change")
+    _EMPTY = StepTimeModel.EMPTY
 
     def state(self):
         return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state())
@@ -313,6 +336,11 @@ class LBBSPPolicy(Policy):
         self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper)
         self._speeds = speeds
         return self.resize(next_global_batch)
+
+    def _rejoin_split(self, shares, global_batch):
+        if self._speeds is None:
+            return super()._rejoin_split(shares, global_batch)
+        return allocate(self._speeds, global_batch, self.b_min, self.b_max, offsets=self.model.offsets)
 
     def resize(self, global_batch):
         if int(global_batch) == int(self.batches.sum()) or self._speeds is None:

@@ -5,10 +5,19 @@ epoch). Step t covers the global slice [offset_t, offset_t + B_t) of it, and
 worker i takes the part that starts at offset_t + sum(b_j for j < i) and is
 b_i long. Every rank runs the same number of steps, and in an epoch the union
 of what the workers read is the data set, each sample once.
+
+After a membership change (elastic training) one epoch resumes part-way: the
+samples before the last committed position were trained on by the old
+workers, and the rest of the permutation is scheduled anew for the new ones
+(`EpochSchedule`).
 """
+import logging
+
 import numpy as np
 
-__all__ = ["global_batch_schedule", "epoch_permutation", "local_indices"]
+__all__ = ["global_batch_schedule", "epoch_permutation", "local_indices", "EpochSchedule"]
+
+log = logging.getLogger(__name__)
 
 
 def global_batch_schedule(num_samples, global_batch, num_workers, b_min=1, drop_remainder=False):
@@ -64,3 +73,87 @@ def local_indices(permutation, step_offset, batches, rank):
     batches = np.asarray(batches, dtype=np.int64)
     start = int(step_offset) + int(batches[:rank].sum())
     return permutation[start:start + int(batches[rank])]
+
+
+class EpochSchedule:
+    """Global batch of every step of every epoch, where epoch `resume[0]` may start at sample `resume[1]`.
+
+    Steps are numbered from 0 in every epoch, the resumed one included (its
+    step 0 starts at the resume position). `index` numbers all steps of the
+    run consecutively, so step distances are right across the short epoch.
+    When the samples left after the resume position cannot be split over the
+    workers with `b_min` each (fewer than num_workers x b_min, or fewer than
+    a global batch with drop_remainder), that epoch has no steps left and
+    they are skipped, with a warning: the one documented exception to
+    exactly-once.
+    """
+
+    def __init__(self, num_samples, global_batch, num_workers, b_min=1, drop_remainder=False, resume=None):
+        self._set_full(global_batch_schedule(num_samples, global_batch, num_workers, b_min, drop_remainder))
+        self.num_samples = int(num_samples)
+        if resume is None:
+            return
+        epoch, position = resume
+        for name, value, high in (("epoch", epoch, None), ("position", position, self.num_samples)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 or \
+                    (high is not None and value > high):
+                raise ValueError(f"resume {name}={value!r} is not allowed: it must be an integer in "
+                                 f"[0, {high if high is not None else 'inf'}]")
+        self.resume_epoch, self.position = int(epoch), int(position)
+        rest = self.num_samples - self.position
+        if rest:
+            try:
+                self._part = global_batch_schedule(rest, global_batch, num_workers, b_min, drop_remainder)
+            except ValueError as exc:
+                log.warning("the last %d samples of epoch %d are skipped in that epoch: %s", rest, epoch, exc)
+
+    @classmethod
+    def from_steps(cls, steps):
+        """Every epoch has these global batches per step (simulations and tests)."""
+        schedule = cls.__new__(cls)
+        schedule._set_full(np.asarray(steps, dtype=np.int64).reshape(-1))
+        return schedule
+
+    def _set_full(self, full):
+        self.full = full
+        self.num_samples = int(full.sum())
+        self._full_offsets = np.concatenate([[0], np.cumsum(full)[:-1]]).astype(np.int64)
+        self.resume_epoch, self.position = None, 0
+        self._part = full[:0]
+
+    @property
+    def steps_per_epoch(self):
+        """Steps of a whole epoch."""
+        return int(self.full.size)
+
+    def of(self, epoch):
+        """Global batch of each step of `epoch`."""
+        return self._part if epoch == self.resume_epoch else self.full
+
+    def offsets(self, epoch):
+        """Where each step of `epoch` starts in that epoch's permutation."""
+        if epoch != self.resume_epoch:
+            return self._full_offsets
+        return self.position + np.concatenate([[0], np.cumsum(self._part)[:-1]]).astype(np.int64)[:self._part.size]
+
+    def steps_in(self, epoch):
+        return int(self.of(epoch).size)
+
+    def index(self, epoch, step):
+        """Consecutive number of (epoch, step) in the run."""
+        n = int(epoch) * self.steps_per_epoch + int(step)
+        if self.resume_epoch is not None and epoch > self.resume_epoch:
+            n -= self.steps_per_epoch - self._part.size
+        return n
+
+    def after(self, epoch, step, ahead):
+        """(epoch, step) `ahead` steps after (epoch, step), skipping epochs without steps."""
+        epoch, step = int(epoch), int(step) + int(ahead)
+        while step >= self.steps_in(epoch):
+            step -= self.steps_in(epoch)
+            epoch += 1
+        return epoch, step
+
+    def end_position(self, epoch, step):
+        """Samples of `epoch` consumed once (epoch, step) is done (the resume position after it)."""
+        return int(self.offsets(epoch)[step] + self.of(epoch)[step])

@@ -80,6 +80,9 @@ class StepTimeModel:
         self.updates = 0
 
     _STATE = ("_sums", "offsets", "identified", "speeds", "changed", "_resid", "_last_batch", "updates")
+    #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
+    #: first step is fitted in full; its fixed cost and speed start from the others' mean.
+    EMPTY = {"_sums": 0.0, "_last_batch": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""

@@ -62,8 +62,9 @@ def test_continuous_split_is_feasible_and_not_worse_than_the_integers(problem):
     x, _ = continuous_split(kk, v, global_batch, np.full(v.size, b_min), upper)
     assert abs(x.sum() - global_batch) < 1e-6 * global_batch
     assert (x >= b_min - 1e-9).all() and (x <= upper + 1e-9).all()
+    # Same relative tolerance as the sum: x may hold up to 1e-6 B more samples, in float arithmetic.
     assert predicted_time(x, v, kk) <= predicted_time(allocate(v, global_batch, b_min, b_max, offsets=k), v, kk) \
-        * (1 + 1e-9)
+        * (1 + 1e-6)
 
 
 @given(problems())

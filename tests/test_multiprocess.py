@@ -1,4 +1,5 @@
-"""Multi-process tests: real Horovod jobs started with horovodrun (2 and 3 ranks, Gloo)."""
+"""Multi-process tests: real Horovod jobs started with horovodrun (2 and 3 ranks, Gloo; elastic)."""
+import collections
 import json
 import os
 import shutil
@@ -124,3 +125,67 @@ def test_resume_from_a_model_checkpoint_with_initial_epoch(tmp_path, num_proc):
     for epoch in (1, 2):
         seen = sorted(i for r in resume for (e, s, idx) in r["read"] if e == epoch for i in idx)
         assert seen == list(range(96))
+
+
+def elastic_horovodrun(tmp_path, hosts, *options, mode="churn", timeout=600):
+    """horovodrun in elastic mode on this machine: "localhost" and "127.0.0.1" are two hosts (Horovod's own
+    elastic tests do the same), listed by a discovery script that prints tmp_path/hosts."""
+    launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
+    (tmp_path / "hosts").write_text(hosts)
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    discover.chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    cmd = [launcher, *options, "--host-discovery-script", str(discover), "--gloo", "--network-interfaces", "lo",
+           sys.executable, os.path.join(HERE, "mp", "elastic.py"), str(tmp_path), mode]
+    return subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+
+
+def committed_records(tmp_path, epochs):
+    """Every committed step's record, after checking that each epoch trained on every sample exactly once."""
+    records = [json.loads(line) for path in sorted(tmp_path.glob("committed_*.jsonl"))
+               for line in path.read_text().splitlines()]
+    committed = collections.defaultdict(list)
+    for record in records:
+        committed[record["epoch"]].extend(record["indices"])
+    assert sorted(committed) == list(range(epochs))
+    for epoch, indices in committed.items():
+        assert sorted(indices) == list(range(192)), f"epoch {epoch}: a sample was lost or trained twice"
+    return records
+
+
+def test_elastic_join_leave_and_sigkill_keep_every_sample_once_and_the_replicas_equal(tmp_path):
+    proc = elastic_horovodrun(tmp_path, "localhost:2\n", "-np", "2", "--min-np", "2", "--max-np", "3")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert (tmp_path / "phase").read_text() == "3", "the run did not go through every membership change"
+    records = committed_records(tmp_path, epochs=5)
+    assert {r["size"] for r in records} == {2, 3}
+    # The SIGKILLed worker (the second to join 127.0.0.1) trained in the epoch it died in, and the two
+    # that stay finished that epoch: it died mid-epoch.
+    finals = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("final_*.json"))]
+    assert [f["size"] for f in finals] == [2, 2] and {f["host"] for f in finals} == {"localhost"}
+    assert finals[0]["weights"] == finals[1]["weights"], "replicas differ after the resets"
+    assert all(np.isfinite(f["weights"]).all() for f in finals)
+
+
+def test_elastic_min_np_above_the_available_hosts_fails_with_a_clear_error(tmp_path):
+    proc = elastic_horovodrun(tmp_path, "localhost:2\n", "-np", "3", "--min-np", "3", "--max-np", "3",
+                              "--elastic-timeout", "5", timeout=120)
+    assert proc.returncode != 0 and "enough resources to run at least 3 Horovod processes" in proc.stdout
+
+
+def test_elastic_scaled_global_batch_ramps_the_learning_rate(tmp_path):
+    proc = elastic_horovodrun(tmp_path, "localhost:2\n", "-np", "2", "--min-np", "2", "--max-np", "3", mode="scale")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    records = committed_records(tmp_path, epochs=3)
+    rank0 = [r for r in records if r["rank"] == 0]
+    batches = {size: collections.Counter(r["global"] for r in rank0 if r["size"] == size) for size in (2, 3)}
+    # 8 samples per worker: 16 with 2 workers, 24 with 3 (a resumed epoch's last step may hold fewer).
+    assert batches[2].most_common(1)[0][0] == 16 and batches[3].most_common(1)[0][0] == 24, batches
+    # Rank 0's learning rate: 0.05 with 2 workers (global batch 16), then 0.05 -> 0.075 (batch 24) in 4 steps.
+    lrs = [round(r["lr"], 6) for r in rank0]
+    first3 = next(i for i, r in enumerate(rank0) if r["size"] == 3)
+    assert set(lrs[:first3]) == {0.05}
+    assert lrs[first3:first3 + 5] == [0.05, 0.05625, 0.0625, 0.06875, 0.075], lrs
+    assert set(lrs[first3 + 5:]) == {0.075}

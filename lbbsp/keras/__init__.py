@@ -5,10 +5,14 @@
     feed = lb.BalancedFeed(x, y, global_batch=256)     # instead of a per-rank shard
     model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), lb.LoadBalancer(feed)])
+
+Elastic jobs (workers that join and leave): lbbsp.keras.elastic.
 """
-from .callbacks import LoadBalancer
+from . import elastic
+from .callbacks import LoadBalancer, worker_identity
 from .data import BalancedFeed
 from .global_metrics import global_metric_results
 from .optimizer import DistributedOptimizer, is_balanced_optimizer
 
-__all__ = ["BalancedFeed", "DistributedOptimizer", "LoadBalancer", "global_metric_results", "is_balanced_optimizer"]
+__all__ = ["BalancedFeed", "DistributedOptimizer", "LoadBalancer", "elastic", "global_metric_results",
+           "is_balanced_optimizer", "worker_identity"]

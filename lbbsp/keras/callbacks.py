@@ -4,6 +4,7 @@ import logging
 import math
 import os
 import pickle
+import socket
 import time
 
 import horovod.tensorflow as hvd
@@ -17,12 +18,18 @@ from .data import BalancedFeed
 from .global_metrics import global_metric_results
 from .optimizer import is_balanced_optimizer
 
-__all__ = ["LoadBalancer"]
+__all__ = ["LoadBalancer", "worker_identity"]
 
 log = logging.getLogger(__name__)
 
 #: Keys written into the batch logs at every step.
 STEP_KEYS = ("lbbsp_batch", "lbbsp_speed", "lbbsp_forecast", "lbbsp_compute_ms", "lbbsp_wait_ms")
+
+
+def worker_identity():
+    """This worker's stable identity across elastic resets: its host (as the launcher named it) and local rank."""
+    host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+    return f"{host}:{hvd.local_rank()}"
 
 
 class LoadBalancer(tf.keras.callbacks.Callback):
@@ -89,26 +96,28 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.keep_steps = keep_steps
         self.steps = StepLog(keep=keep_steps)
         self._telemetry = None
+        self.elastic = None  # set by lbbsp.keras.elastic.ElasticState
+        self._prepared = False
+        self._decisions = collections.deque()
 
     @property
     def history(self):
         """The most recent per-step records of this rank (dicts with the keys of lbbsp.history.FIELDS)."""
         return list(self.steps.rows)
 
-    def _check_model(self):
-        optimizer = self.model.optimizer
+    def _check_model(self, model, steps=None):
+        optimizer = model.optimizer
         if not is_balanced_optimizer(optimizer):
             raise ValueError(
                 f"model.optimizer={optimizer!r} is not allowed: wrap it with lbbsp.keras.DistributedOptimizer "
                 "(instead of hvd.DistributedOptimizer) so gradients are weighted by each worker's batch size"
             )
-        spe = getattr(self.model, "_steps_per_execution", None)
+        spe = getattr(model, "_steps_per_execution", None)
         if spe is not None and int(spe.numpy()) != 1:
             raise ValueError(
                 f"steps_per_execution={int(spe.numpy())} is not allowed with LoadBalancer: it must be 1, "
                 "since batch sizes change between steps"
             )
-        steps = self.params.get("steps") if self.params else None
         if steps is not None and steps != self.feed.steps_per_epoch:
             raise ValueError(
                 f"steps_per_epoch={steps} is not allowed: pass steps_per_epoch=feed.steps_per_epoch "
@@ -127,32 +136,104 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             log.warning("telemetry unavailable (%r); forecasting without machine readings", exc)
 
     def on_train_begin(self, logs=None):
-        self._state = self._check_model()
+        if self.elastic is not None:
+            if not self._prepared:
+                raise RuntimeError("lbbsp: a LoadBalancer given to lbbsp.keras.elastic.ElasticState trains through "
+                                   "lbbsp.keras.elastic.fit(state, ...), not model.fit")
+            self._prepared = False
+            return
+        self._state = self._check_model(self.model, self.params.get("steps") if self.params else None)
         self.rank, self.size = hvd.rank(), hvd.size()
         if self._state.size != self.size:
             raise ValueError(
                 f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}"
             )
         self.feed.bind(self.rank, self.size)
+        self._begin_run()
+        self.resumed = self._restore() if self.state_path else False
+
+    def _begin_run(self, epoch=0, first_run=True):
+        """Per-run set-up shared by a plain fit and every fit of an elastic job."""
         if self.feed.prefetch > self.controller.plan_ahead:
             raise ValueError(
                 f"prefetch={self.feed.prefetch} is not allowed with plan_ahead={self.controller.plan_ahead}: a step's "
                 "data can be read only once its split is decided; use BalancedFeed(..., prefetch=k) with "
                 "k <= plan_ahead"
             )
-        self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max)
+        self._plans = self.controller.start(self.size, self.feed.epoch_schedule, self.feed.b_min, self.feed.b_max,
+                                            epoch=epoch)
         self._decisions = collections.deque()
-        self._sizes = self._plans[(0, 0)]
-        if self._background is not None:
+        self._sizes = next(iter(self._plans.values()))
+        if self._background is not None and first_run:
             self._background.reset()
         self._open_telemetry()
         extra = self._telemetry.features if self._telemetry is not None else ()
         self.steps.close()
-        self.steps = StepLog(self.csv_path.format(rank=self.rank) if self.csv_path else None, self.keep_steps, extra)
+        self.steps = StepLog(self.csv_path.format(rank=self.rank) if self.csv_path else None, self.keep_steps, extra,
+                             append=not first_run)
         self._state.on_local = self._on_local
-        self._epoch = 0
+        self._epoch = epoch
         self._train_metrics = {}
-        self.resumed = self._restore() if self.state_path else False
+
+    def _abandon(self):
+        """Let decisions queued by an interrupted fit finish; their results are of no use any more."""
+        while self._decisions:
+            try:
+                self._decisions.popleft().result()
+            except Exception as exc:  # noqa: BLE001 - the fit they belonged to has failed already
+                log.debug("decision of an interrupted fit failed: %r", exc)
+
+    def begin_elastic(self, model):
+        """Before a fit inside hvd.elastic.run: continue from the committed state in `self.elastic`.
+
+        Called by lbbsp.keras.elastic.fit on every rank (it gathers the
+        workers' identities). Every rank starts from the same committed
+        snapshot (rank 0's after a sync), so all take the same split. Workers
+        are matched by identity: one that stays keeps its estimates, a
+        newcomer starts from the mean of the others' and the split is
+        recomputed for the new set. Returns the steps left in the current epoch.
+        """
+        self._abandon()
+        elastic = self.elastic
+        self._state = self._check_model(model)
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self._state.rebind(self.rank, self.size)
+        workers = hvd.allgather_object(worker_identity(), name="lbbsp_workers")
+        snapshot = elastic.lbbsp or {}
+        epoch, position = int(elastic.epoch), int(snapshot.get("position", 0))
+        self.feed.bind(self.rank, self.size, resume=(epoch, position) if position else None,
+                       global_batch=elastic.global_batch_for(self.size))
+        first_run = not elastic.started
+        self._begin_run(epoch, first_run)
+        elastic.started = True
+        self.resumed = False
+        saved, before = snapshot.get("controller"), snapshot.get("workers")
+        if saved is not None and before is not None:
+            try:
+                if list(before) == list(workers):
+                    self.controller.load_state(saved)
+                else:
+                    index = self.controller.rejoin(saved, before, workers)
+                    log.info("lbbsp: workers changed from %d to %d (%d new); split %s", len(before), len(workers),
+                             int((index < 0).sum()), self.controller.batch_sizes.tolist())
+            except (ValueError, KeyError) as exc:  # the same on every rank: all start from equal batches together
+                log.warning("lbbsp: the committed state does not fit the new workers (%s); equal batches", exc)
+                self._begin_run(epoch, first_run=False)
+            else:
+                self._plans = {}
+                self.resumed = True
+        self.workers = workers
+        self._prepared = True
+        return self.feed.epoch_schedule.steps_in(epoch)
+
+    def snapshot(self, epoch, step):
+        """What an elastic commit after (epoch, step) keeps: the decision state, the workers, and where the
+        next step starts (epoch, position in its sample order; the next epoch once this one is done)."""
+        self._drain()
+        schedule = self.feed.epoch_schedule
+        done = step + 1 >= schedule.steps_in(epoch)
+        return {"controller": self.controller.state(), "workers": list(self.workers),
+                "epoch": epoch + 1 if done else epoch, "position": 0 if done else schedule.end_position(epoch, step)}
 
     def _state_file(self):
         return self.state_path.format(rank=self.rank)
@@ -247,7 +328,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         for old in [k for k in self._plans if k < key]:
             del self._plans[old]
         self.feed.start_step(self._epoch, step)
-        self._state.set_scale(self._sizes[self.rank] / float(self.feed.schedule[step]))
+        self._state.set_scale(self._sizes[self.rank] / float(self.feed.epoch_schedule.of(self._epoch)[step]))
         self._steps_before = self._state.steps
         self._local = None
         self._overhead = time.perf_counter() - started
@@ -274,7 +355,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         compute, offset, forecast, features, local_cost = self._local
         wait = state.done - state.ready
         row = dict(
-            time=t_end, epoch=self._epoch, step=step, rank=self.rank, global_batch=int(self._sizes.sum()),
+            time=t_end, epoch=self._epoch, step=step, rank=self.rank, workers=self.size,
+            global_batch=int(self._sizes.sum()),
             batch_size=local, compute=compute, wait=wait, step_time=t_end - self._t_begin,
             speed=batch_free_speed(local, compute, offset), offset=offset, forecast=forecast,
         )
@@ -285,7 +367,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                                                    self._sizes, row))
         if self.controller.plan_ahead == 0:
             self._collect()
-        if step + 1 >= self.feed.steps_per_epoch and self.sync_metrics:
+        if step + 1 >= self.feed.epoch_schedule.steps_in(self._epoch) and self.sync_metrics:
             self._train_metrics = global_metric_results(self.model)
         if self.state_path and self.state_every and (step + 1) % self.state_every == 0:
             self._save(self._epoch, step)
@@ -308,7 +390,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._drain()
         self.steps.flush()
         if self.state_path:
-            self._save(epoch, self.feed.steps_per_epoch - 1)
+            self._save(epoch, self.feed.epoch_schedule.steps_in(epoch) - 1)
         if logs is None:
             return
         # Keras copies the last step's batch logs into the epoch logs: keep only epoch figures.

@@ -59,8 +59,9 @@ class BalancedFeed(BatchFeed):
         signature = _map(_spec, self.example())
 
         def batches():
+            generation = self.generation  # when iteration starts: after the callback bound the feed
             while True:
-                item = self.next_batch()
+                item = self.next_batch(generation)
                 if item is None:
                     return
                 yield item
@@ -75,8 +76,9 @@ class BalancedFeed(BatchFeed):
 
     def _sample_pipeline(self):
         def steps():
+            generation = self.generation  # when iteration starts: after the callback bound the feed
             while True:
-                item = self.next_indices()
+                item = self.next_indices(generation=generation)
                 if item is None:
                     return
                 yield item[2]

@@ -32,17 +32,24 @@ class BalanceState:
     """
 
     def __init__(self, rank, size):
-        self.size = int(size)
         with tf.init_scope():
             self.scale = tf.Variable(1.0 / size, trainable=False, dtype=tf.float32, name="lbbsp_scale")
         self._scale_value = 1.0 / size
-        self.rank = int(rank)
         self.on_local = None
+        self.steps = 0
+        self.rebind(rank, size)
+
+    def rebind(self, rank, size):
+        """This worker's rank and the number of workers (again after an elastic membership change).
+
+        The train graph reads neither: the stats matrix is shaped by the rows
+        the numpy callbacks return, so a graph traced for one size runs on another.
+        """
+        self.rank, self.size = int(rank), int(size)
         self._rows = exchange.empty(self.size, np.float32, 0.0)
         self.gathered = exchange.empty(self.size)
         self.begin = None
         self.ready = self.done = float("nan")
-        self.steps = 0
 
     def set_scale(self, value):
         """Scale of this worker's gradient in the next step (b_i / B); a variable write only on change."""
@@ -100,7 +107,7 @@ def _reduce(optimizer, grads):
     compression = optimizer._lbbsp_compression
     with tf.control_dependencies([_tensor_of(g) for g in grads if g is not None]):
         row = tf.numpy_function(state.on_ready, [], tf.float32, stateful=True, name="lbbsp_ready")
-    rows = tf.reshape(row, [state.size, len(exchange.FIELDS)])
+    rows = tf.reshape(row, [-1, len(exchange.FIELDS)])  # not state.size: a traced graph must survive a resize
     scaled = [None if g is None else _scale(g, state.scale) for g in grads]
     reduced = list(scaled)
     dense = [i for i, g in enumerate(scaled) if g is not None and not isinstance(g, tf.IndexedSlices)]

@@ -51,7 +51,7 @@ if hvd.rank() == 0:
         order = np.concatenate([feed.indices(epoch, t, [int(feed.schedule[t])], rank=0)
                                 for t in range(feed.steps_per_epoch)])
         for t in range(feed.steps_per_epoch):
-            lo = int(feed.offsets[t])
+            lo = int(feed.epoch_schedule.offsets(epoch)[t])
             idx = order[lo:lo + int(feed.schedule[t])]
             res = ref.train_on_batch(x[idx], y[idx], reset_metrics=False, return_dict=True)
         losses.append(res)
