@@ -95,6 +95,7 @@ class BatchFeed:
         self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
         self.b_min, self.b_max = int(b_min), b_max
         self._cond = threading.Condition()
+        self.generation = 0
         self.bind(rank, size)
 
     @classmethod
@@ -116,17 +117,15 @@ class BatchFeed:
         if global_batch is not None:
             validate_bounds(1, global_batch, self.b_min)
         global_batch = self.global_batch if global_batch is None else int(global_batch)
-        self.epoch_schedule = EpochSchedule(self.num_samples, global_batch, size, self.b_min, self.drop_remainder,
-                                            resume)
-        self.global_batch = global_batch
-        self.schedule = self.epoch_schedule.full
-        largest = int(self.schedule.max())
-        _, _, upper = validate_bounds(size, self.global_batch, self.b_min, self.b_max)
+        schedule = EpochSchedule(self.num_samples, global_batch, size, self.b_min, self.drop_remainder, resume)
+        largest = int(schedule.full.max())
+        _, _, upper = validate_bounds(size, global_batch, self.b_min, self.b_max)
         if self.b_max is not None and largest > int(upper.sum()):
             raise ValueError(
                 f"b_max={self.b_max!r} is not allowed: the last step of an epoch holds {largest} samples "
                 f"and the {size} workers can take at most {int(upper.sum())}; raise b_max or pass drop_remainder=True"
             )
+        self.epoch_schedule, self.schedule, self.global_batch = schedule, schedule.full, global_batch
         self.rank, self.size = int(rank), int(size)
         self.reopen()
 
@@ -138,7 +137,7 @@ class BatchFeed:
     def reopen(self):
         """Forget all plans (start of training); readers of an earlier dataset stop."""
         with self._cond:
-            self.generation = getattr(self, "generation", 0) + 1
+            self.generation += 1
             self._plans = collections.OrderedDict()
             self._served = collections.OrderedDict()
             self._perms = {}

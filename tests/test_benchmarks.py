@@ -135,3 +135,20 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     assert results["oracle"][1]["mean_batch"][1] < results["oracle"][1]["mean_batch"][0]
     assert (tmp_path / "out" / "tiny" / "epoch_time_and_idle.png").stat().st_size > 1000
     assert (tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "steps_rank1.csv").exists()
+
+
+@pytest.mark.skipif(not __import__("benchmarks.contention").contention.cgroups_writable(),
+                    reason="the elastic benchmark sets per-worker CPU quotas: needs root and a writable cgroup")
+def test_elastic_benchmark_runs_a_join_and_a_kill_and_reports_both(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = tmp_path / "elastic"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.elastic", "--policies", "lbbsp", "--repeats", "1",
+                           "--epochs", "4", "--out", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    table = (out / "table.md").read_text()
+    assert "join 2 -> 3" in table and "kill 3 -> 2" in table, table
+    assert (out / "lbbsp" / "r0" / "timeline.png").stat().st_size > 1000
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.elastic", "--policies", "fastest"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert bad.returncode == 2 and "--policies='fastest' is not allowed" in bad.stdout

@@ -224,3 +224,32 @@ def test_prefetch_needs_a_plan_that_far_ahead():
         lb.BalancedFeed(X, Y, global_batch=16, prefetch=-1)
     with pytest.raises(ValueError, match="load=3"):
         lb.BalancedFeed.from_sample_fn(3, 10, global_batch=4)
+
+
+def test_elastic_state_checks_its_arguments_and_how_it_is_trained():
+    model, feed = tiny(), lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed)
+    with pytest.raises(ValueError, match="batches_per_commit=0 is not allowed"):
+        lb.elastic.ElasticState(model, balancer, batches_per_commit=0)
+    with pytest.raises(ValueError, match="balancer=None is not allowed"):
+        lb.elastic.ElasticState(model, None)
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    scheduled = tiny(lb.DistributedOptimizer(tf.keras.optimizers.SGD(schedule)))
+    with pytest.raises(ValueError, match="scale_batch=True is not allowed with a learning-rate schedule"):
+        lb.elastic.ElasticState(scheduled, lb.LoadBalancer(lb.BalancedFeed(X, Y, global_batch=16)), scale_batch=True)
+    state = lb.elastic.ElasticState(model, balancer)
+    with pytest.raises(RuntimeError, match="lbbsp.keras.elastic.fit"):
+        fit(model, feed, balancer, epochs=1)
+    with pytest.raises(ValueError, match="steps_per_epoch is not allowed here"):
+        lb.elastic.fit(state, epochs=1, steps_per_epoch=3)
+
+
+def test_elastic_fit_outside_a_launcher_trains_every_epoch_once():
+    model, feed = tiny(), lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed, warmup_steps=0)
+    state = lb.elastic.ElasticState(model, balancer, batches_per_commit=2)
+    history = lb.elastic.fit(state, epochs=3, verbose=0)
+    assert state.epoch == 3 and len(history.history["loss"]) == 3
+    assert state.lbbsp["position"] == 0 and state.lbbsp["epoch"] == 3 and state.lbbsp["workers"] == [
+        lb.worker_identity()]
+    assert lb.elastic.fit(state, epochs=3) is None, "nothing left to train"

@@ -95,7 +95,10 @@ class ElasticState(hvd.elastic.KerasState):
 
 
 def _learning_rate(optimizer):
-    value = optimizer.learning_rate if hasattr(optimizer, "learning_rate") else optimizer.lr
+    """The constant learning rate as a float, or the optimizer's LearningRateSchedule."""
+    value = getattr(optimizer, "_learning_rate", None)  # the schedule itself where there is one (Keras 2.15)
+    if value is None:
+        value = optimizer.learning_rate if hasattr(optimizer, "learning_rate") else optimizer.lr
     if isinstance(value, tf.keras.optimizers.schedules.LearningRateSchedule):
         return value
     return float(tf.keras.backend.get_value(value))
