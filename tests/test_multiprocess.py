@@ -74,7 +74,7 @@ def test_slowed_worker_gets_smaller_batch_and_epoch_is_faster(tmp_path):
     r = json.loads(out.read_text())
     fast, slow = r["ranks"]
     print(f"slowdown: {r['slowdown']}; epoch time equal {fast['equal']['epoch_time']:.3f}s, "
-          f"lbbsp {fast['lbbsp']['epoch_time']:.3f}s; slow worker's batch {slow['lbbsp']['batch']:.1f} of 256")
+          f"lbbsp {fast['lbbsp']['epoch_time']:.3f}s; slow worker's batch {slow['lbbsp']['batch']:.1f} of 1024")
     assert slow["lbbsp"]["batch"] < 0.8 * slow["equal"]["batch"]
     assert fast["lbbsp"]["batch"] > fast["equal"]["batch"]
     assert fast["lbbsp"]["epoch_time"] < fast["equal"]["epoch_time"]

@@ -29,8 +29,8 @@ use_quota = cgroups_writable()
 hvd.allreduce(tf.constant(0.0), name="barrier_setup")
 
 rng = np.random.default_rng(0)
-x = rng.normal(size=(4096, 64)).astype(np.float32)
-y = rng.integers(0, 10, size=4096)
+x = rng.normal(size=(8192, 64)).astype(np.float32)
+y = rng.integers(0, 10, size=8192)
 
 
 class EpochTimer(tf.keras.callbacks.Callback):
@@ -51,7 +51,7 @@ def run(policy_name):
                                  tf.keras.layers.Dense(10)])
     model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    feed = lb.BalancedFeed(x, y, global_batch=256, seed=1)
+    feed = lb.BalancedFeed(x, y, global_batch=1024, seed=1)  # compute-heavy steps: the split decides the time
     balancer = lb.LoadBalancer(feed, policy=policy_name, predictor="ema",
                                csv_path=os.environ.get("LBBSP_TEST_CSV", "").format(policy=policy_name) or None)
     timer = EpochTimer()
