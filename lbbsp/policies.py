@@ -85,8 +85,7 @@ class Policy:
         the new split comes from them.
         """
         old = np.asarray(state["batches"], dtype=np.float64)
-        self.load_state(remap_workers(dict(state, batches=np.zeros(self.num_workers, np.int64)), index, old.size,
-                                      self._EMPTY))
+        self.load_state(remap_workers(state, index, old.size, self._EMPTY))
         if hasattr(self, "_global"):
             self._global = int(global_batch)
         self.batches = self._rejoin_split(remap_workers(old, index, old.size), int(global_batch))

@@ -75,6 +75,11 @@ def local_indices(permutation, step_offset, batches, rank):
     return permutation[start:start + int(batches[rank])]
 
 
+def _starts(steps):
+    """Where each step starts, for steps of these global batches from position 0."""
+    return (np.cumsum(steps) - steps).astype(np.int64)
+
+
 class EpochSchedule:
     """Global batch of every step of every epoch, where epoch `resume[0]` may start at sample `resume[1]`.
 
@@ -106,6 +111,7 @@ class EpochSchedule:
                 self._part = global_batch_schedule(rest, global_batch, num_workers, b_min, drop_remainder)
             except ValueError as exc:
                 log.warning("the last %d samples of epoch %d are skipped in that epoch: %s", rest, epoch, exc)
+        self._part_offsets = self.position + _starts(self._part)
 
     @classmethod
     def from_steps(cls, steps):
@@ -117,9 +123,9 @@ class EpochSchedule:
     def _set_full(self, full):
         self.full = full
         self.num_samples = int(full.sum())
-        self._full_offsets = np.concatenate([[0], np.cumsum(full)[:-1]]).astype(np.int64)
+        self._full_offsets = _starts(full)
         self.resume_epoch, self.position = None, 0
-        self._part = full[:0]
+        self._part = self._part_offsets = full[:0]
 
     @property
     def steps_per_epoch(self):
@@ -132,9 +138,7 @@ class EpochSchedule:
 
     def offsets(self, epoch):
         """Where each step of `epoch` starts in that epoch's permutation."""
-        if epoch != self.resume_epoch:
-            return self._full_offsets
-        return self.position + np.concatenate([[0], np.cumsum(self._part)[:-1]]).astype(np.int64)[:self._part.size]
+        return self._part_offsets if epoch == self.resume_epoch else self._full_offsets
 
     def steps_in(self, epoch):
         return int(self.of(epoch).size)
