@@ -137,7 +137,6 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     plans = controller.start(n, np.full(steps_per_epoch, global_batch))
     forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
-    forecasts = np.full(n, np.nan)
     eta, step_time, decide = [], [], []
     for t in range(cluster.steps):
         epoch, step = divmod(t, steps_per_epoch)
@@ -148,11 +147,10 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
         gathered[:, 1] = compute.max() - compute + cluster.comm
         gathered[:, 2] = compute
         if forecasters is not None:
-            # As in the callback: the forecast exchanged now was made from the previous step's measurement.
-            gathered[:, 0] = forecasts
+            # As in the callback: each worker forecasts from its own step just measured, before the exchange.
             offsets = controller.offsets()
-            forecasts = [f.update(batches[w], compute[w], offsets[w], cluster.features[t, w])
-                         for w, f in enumerate(forecasters)]
+            gathered[:, 0] = [f.update(batches[w], compute[w], offsets[w], cluster.features[t, w])
+                              for w, f in enumerate(forecasters)]
         start = time.perf_counter()
         key, decided, _ = controller.decide(epoch, step, gathered, batches)
         decide.append(time.perf_counter() - start)

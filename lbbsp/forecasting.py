@@ -9,14 +9,13 @@ the balancer chose, so the predictor forecasts the worker, not the policy.
 import concurrent.futures
 import logging
 import math
-import time
 
 from predictor import make_predictor
 from predictor.base import is_valid_speed
 
 from .steptime import batch_free_speed
 
-__all__ = ["Forecaster", "Background", "BackgroundForecaster"]
+__all__ = ["Forecaster", "Background"]
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class Forecaster:
 
 
 class Background:
-    """One thread that runs a rank's plugin work in order (forecasts, then decisions), off the training step."""
+    """One thread that runs a rank's decisions in order, off the training step."""
 
     def __init__(self):
         self._pool = None
@@ -105,47 +104,3 @@ class Background:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-
-class BackgroundForecaster:
-    """Runs a Forecaster on a Background thread, off the training step's critical path.
-
-    `submit` hands one step's measurement to the thread and returns at once
-    with the newest forecast that is ready (made from the measurements up to
-    the step before, usually): the worker never waits for its predictor.
-    """
-
-    def __init__(self, forecaster, background):
-        self.forecaster = forecaster
-        self.background = background
-        self._pending = None
-        self.latest = math.nan
-        self.busy_skips = 0
-        self.seconds = 0.0
-
-    def reset(self):
-        self.wait()
-        self.forecaster.reset()
-        self.latest = math.nan
-
-    def _run(self, *args):
-        started = time.perf_counter()
-        value = self.forecaster.update(*args)
-        self.seconds = time.perf_counter() - started
-        return value
-
-    def submit(self, batch, compute, offset=0.0, features=None):
-        """Queue this step's measurement; return the newest finished forecast (NaN before the first)."""
-        if self._pending is not None:
-            if not self._pending.done():
-                self.busy_skips += 1  # the predictor is slower than a step: skip this measurement
-                return self.latest
-            self.latest = self._pending.result()
-        self._pending = self.background.submit(self._run, batch, compute, offset, features)
-        return self.latest
-
-    def wait(self):
-        """Let the queued forecast finish (end of training, checkpoints, tests)."""
-        if self._pending is not None:
-            self.latest = self._pending.result()
-            self._pending = None

@@ -253,27 +253,27 @@ class LBBSPPolicy(Policy):
 
     Every rank fits the same per-worker model t_i(b) = (k_i + b) / v_i from the
     gathered (batch, compute time) pairs (lbbsp.steptime). Each worker's
-    forecast of its next batch-free speed v_i (made off the critical path by
-    its own predictor from its speed history and telemetry, and exchanged; so
-    it comes from the measurements of the step before) replaces the fitted
-    v_i where it is valid and agrees with the fit (within the model's change
-    threshold), and not for `settle` steps after the model saw that worker's
-    speed jump: a forecast made before the jump, or one still catching up
-    with it, has not seen what the fresh measurement has. The split minimising max_i t_i(b_i) is then taken if it
-    beats the current one by more than `min_gain` (lbbsp.allocation.Rebalancer).
-    No worker's batch moves by more than a factor `max_change` in one
-    decision (a trust region around the batches the model was fitted on),
-    unless the model just measured that worker's speed jump at an unchanged
-    batch: then it may move by the measured ratio.
-    With `variance_aware`, the split balances a high quantile of each worker's
-    time (its measured step-to-step spread), giving noisy workers slack
-    (lbbsp.allocation.tail_speeds). `model` takes a StepTimeModel or a dict of
-    its arguments.
+    forecast of its next batch-free speed v_i, made by its own predictor from
+    its speed history up to the step just measured and its telemetry, and
+    exchanged in that step's allreduce, is used where valid; the model's last
+    measured batch-free speed stands in for a missing one, and for a forecast
+    further from it than that worker's noise explains (the model's change
+    threshold, max(change, 4 x spread)): a smoothing or learned forecaster
+    may trail a jump the measurement already shows. The split
+    minimising max_i t_i(b_i) is then taken if it beats the current one by
+    more than `min_gain` (lbbsp.allocation.Rebalancer). No worker's batch
+    moves by more than a factor `max_change` in one decision (a trust region
+    around the batches the model was fitted on), unless the model just
+    measured that worker's speed jump: then it may move by the measured
+    ratio. With `variance_aware`, the split balances a high quantile of each
+    worker's time (its measured step-to-step spread), giving noisy workers
+    slack (lbbsp.allocation.tail_speeds). `model` takes a StepTimeModel or a
+    dict of its arguments.
     """
 
     name = "lbbsp"
     uses_forecast = True
-    _STATE = ("batches", "_speeds", "_since_change")
+    _STATE = ("batches", "_speeds")
     _EMPTY = StepTimeModel.EMPTY
 
     def state(self):
@@ -284,15 +284,12 @@ class LBBSPPolicy(Policy):
         self.model.load_state(state["model"])
         self.rebalancer.load_state(state["rebalancer"])
 
-    def __init__(self, min_gain=0.02, min_step=0.125, model=None, settle=3, variance_aware=False, max_change=2.0):
+    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0):
         self.rebalancer = Rebalancer(min_gain, min_step)
         if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not max_change > 1:
             raise ValueError(f"max_change={max_change!r} is not allowed: it must be a number > 1")
         self.max_change = float(max_change)
         self.variance_aware = bool(variance_aware)
-        if isinstance(settle, bool) or not isinstance(settle, int) or settle < 0:
-            raise ValueError(f"settle={settle!r} is not allowed: it must be an integer >= 0")
-        self.settle = settle
         if model is None or isinstance(model, dict):
             model = StepTimeModel(**(model or {}))
         if not isinstance(model, StepTimeModel):
@@ -305,23 +302,22 @@ class LBBSPPolicy(Policy):
         self.rebalancer.start(num_workers)
         self._speeds = None
         self._bounds = (None, None, None)
-        self._since_change = np.full(num_workers, self.settle)
         return batches
 
     def speeds(self, forecast):
-        """Batch-free speeds for the next step: the forecasts where valid and settled, else the fitted speeds."""
+        """Batch-free speeds for the next step: the forecasts where valid and consistent with the last
+        measurement, else the last measured ones."""
         forecast = np.asarray(forecast, dtype=np.float64)
-        fitted = self.model.speeds
+        measured = self.model.speeds
         with np.errstate(all="ignore"):
-            agrees = ~(np.abs(np.log(forecast / fitted)) > self.model.change)  # NaN fit: nothing to disagree with
-        good = np.isfinite(forecast) & (forecast > 0) & agrees & (self._since_change >= self.settle)
-        speeds = sanitize(np.where(good, forecast, fitted))
+            trails = np.abs(np.log(forecast / measured)) > self.model.threshold  # False where nothing was measured
+        good = np.isfinite(forecast) & (forecast > 0) & ~trails
+        speeds = sanitize(np.where(good, forecast, measured))
         return tail_speeds(speeds, self.model.spread) if self.variance_aware else speeds
 
     def after_step(self, stats, next_global_batch):
         before = self.model.speeds
         self.model.update(stats.batches, stats.compute)
-        self._since_change = np.where(self.model.changed, 0, self._since_change + 1)
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
         trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)

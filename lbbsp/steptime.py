@@ -8,6 +8,24 @@ is slowed (a CPU quota, a co-located process, a throttled GPU) its fixed and
 its per-sample work slow alike, so k_i stays and only v_i moves. The
 batch-free speed (b + k_i) / t is then what forecasters see and predict.
 
+Two time scales, estimated differently:
+
+- v_i moves from step to step (contention), so the model keeps the freshest
+  measurement, (b + k_i) / t of the last valid step: any average over past
+  steps lags a drifting speed, and a lag costs more than per-step noise
+  (the simulator shows it). Forecasters refine it (lbbsp.forecasting).
+- k_i is a property of the workload on the worker's hardware and changes
+  slowly, so it is fitted with a long memory. A regression of t on b would
+  be confounded: the balancer moves b because v moved. Consecutive steps
+  remove the drift: with v constant over two steps,
+  k (t_s - t_{s-1}) = t_{s-1} b_s - t_s b_{s-1}, and the batch change
+  z = b_s - b_{s-1}, decided from older timings and so independent of this
+  step's noise, is the instrument: k = sum z y / sum z x (instrumental
+  variables; x = t_s - t_{s-1}, y = t_{s-1} b_s - t_s b_{s-1}). Pairs that
+  straddle a detected speed change are left out. While the batch has not
+  moved enough, k keeps its prior (AdaptDL pins its fixed cost the same way
+  while one batch size was seen).
+
 The model is fitted on every rank from the gathered (batch, compute time) of
 every worker, so all ranks hold the same numbers and take the same decisions.
 
@@ -16,17 +34,16 @@ Parameters, all in one place:
 ==============  =======  =================================================================
 parameter       default  meaning
 ==============  =======  =================================================================
-forgetting      0.9      weight of the past per step in the running sums (memory about
-                         1 / (1 - forgetting) = 10 steps)
-min_spread      0.05     relative spread (std / mean) of the batches in the window below
-                         which k is not identifiable; k then keeps its last value (AdaptDL
-                         pins its fixed cost the same way while one batch size was seen)
-max_error       0.25     a fit is accepted only when the standard error of its per-sample
-                         time is below this fraction of it (noisy timings over a narrow
-                         range of batches would otherwise give absurd fixed costs)
-change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's residual
-                         scale) at a step whose batch the model could predict means the
-                         speed changed: the worker's sums restart from that step, k is kept
+forgetting      0.98     weight of the past per step in the fixed cost's sums (memory
+                         about 1 / (1 - forgetting) = 50 steps)
+min_spread      0.05     root-mean-square batch change between steps, relative to the
+                         batch, below which k is not identifiable and keeps its value
+max_error       0.25     a fit of k is accepted only when its standard error is below
+                         this fraction of the mean batch (noisy timings over small batch
+                         moves would otherwise give absurd fixed costs)
+change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
+                         step-to-step spread) means the speed changed (a quota cut, a
+                         co-located job): that pair is not used for k
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -56,9 +73,9 @@ def batch_free_speed(batch, compute, offset=0.0):
 
 
 class StepTimeModel:
-    """Fits k_i and v_i for N workers from per-step (batch, compute seconds) pairs; see the module docstring."""
+    """Fits k_i and tracks v_i for N workers from per-step (batch, compute seconds) pairs; see the module docstring."""
 
-    def __init__(self, forgetting=0.9, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0):
+    def __init__(self, forgetting=0.98, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0):
         self.forgetting = _number("forgetting", forgetting, 0.0, 1.0, low_open=True, high_open=True)
         self.min_spread = _number("min_spread", min_spread, 0.0, 1.0, low_open=True)
         self.max_error = _number("max_error", max_error, 0.0, np.inf, low_open=True, high_open=True)
@@ -70,19 +87,20 @@ class StepTimeModel:
     def start(self, num_workers):
         """Forget everything (start of training)."""
         n = int(num_workers)
-        self._sums = np.zeros((6, n))  # weight, sum b, sum b^2, sum t, sum b*t, sum t^2
+        # Discounted sums over consecutive-step pairs: weight, b^2, z^2, z x, z y, z^2 y^2, z^2 x y, z^2 x^2.
+        self._sums = np.zeros((8, n))
+        self._last = np.full((2, n), np.nan)  # batch and compute time of the last valid step
         self.offsets = np.full(n, self.prior_offset)
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
         self.changed = np.zeros(n, dtype=bool)
         self._resid = np.zeros(n)
-        self._last_batch = np.full(n, np.nan)
         self.updates = 0
 
-    _STATE = ("_sums", "offsets", "identified", "speeds", "changed", "_resid", "_last_batch", "updates")
+    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
-    #: first step is fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last_batch": np.nan}
+    #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
+    EMPTY = {"_sums": 0.0, "_last": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""
@@ -93,6 +111,9 @@ class StepTimeModel:
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
+        missing = [name for name in self._STATE if name not in state]
+        if missing:
+            raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
         for name in self._STATE:
             setattr(self, name, np.copy(state[name]))
 
@@ -105,8 +126,13 @@ class StepTimeModel:
         """Each worker's step-to-step noise: the standard deviation of log(measured / predicted time)."""
         return np.sqrt(self._resid)
 
+    @property
+    def threshold(self):
+        """Each worker's largest |log| deviation from its last measurement that noise explains, max(change, 4 x spread)."""
+        return np.maximum(self.change, 4.0 * np.sqrt(self._resid))
+
     def predict(self, batches, speeds=None):
-        """Predicted compute seconds of each worker at `batches` (with `speeds`, default the fitted ones)."""
+        """Predicted compute seconds of each worker at `batches` (with `speeds`, default the tracked ones)."""
         v = self.speeds if speeds is None else np.asarray(speeds, dtype=np.float64)
         return (self.offsets + np.asarray(batches, dtype=np.float64)) / v
 
@@ -123,33 +149,29 @@ class StepTimeModel:
     def _update(self, b, t):
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         resid = np.log(t / self.predict(b))
-        same_batch = np.abs(np.log(b / self._last_batch)) < 0.1
         known = ok & np.isfinite(resid)
-        comparable = known & (self.identified | same_batch)
-        self.changed = comparable & (np.abs(resid) > np.maximum(self.change, 4.0 * np.sqrt(self._resid)))
-        steady = comparable & ~self.changed
+        self.changed = known & (np.abs(resid) > self.threshold)
+        steady = known & ~self.changed
         self._resid[steady] = 0.8 * self._resid[steady] + 0.2 * resid[steady] ** 2
+        b0, t0 = self._last
+        pair = steady & np.isfinite(b0)
+        z, x, y = b - b0, t - t0, t0 * b - t * b0
+        zz = z * z
         s = self._sums
-        s[:, self.changed] = 0.0
-        s[:, ok] *= self.forgetting
-        s[:, ok] += np.stack([np.ones_like(b), b, b * b, t, b * t, t * t])[:, ok]
-        self._last_batch[ok] = b[ok]
+        s[:, pair] *= self.forgetting
+        s[:, pair] += np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x])[:, pair]
+        self._last[:, ok] = np.stack([b, t])[:, ok]
         self._fit()
+        self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
+                               self.speeds)
 
     def _fit(self):
-        w, sb, sbb, st, sbt, stt = self._sums
-        seen = w > 0
-        mb, mt = sb / w, st / w
-        var_b = sbb / w - mb * mb
-        cov = sbt / w - mb * mt
-        slope = cov / var_b
-        intercept = mt - slope * mb
-        spread = np.sqrt(np.maximum(var_b, 0.0)) / mb
-        resid = np.maximum(stt / w - mt * mt - slope * cov, 0.0)
-        error = np.sqrt(resid / (np.maximum(w - 2.0, 1e-9) * var_b)) / slope
-        fit = seen & (w > 2.5) & (spread >= self.min_spread) & (slope > 0) & np.isfinite(intercept) & \
-            (error < self.max_error)
-        k = np.clip(intercept / slope, 0.0, self.max_offset * mb)
-        self.offsets = np.where(fit, k, self.offsets)
+        w, sbb, szz, szx, szy, syy, sxy, sxx = self._sums
+        k = szy / szx
+        # Heteroskedasticity-robust standard error of the instrumental-variables estimate.
+        error = np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx)
+        scale = np.sqrt(sbb / w)  # root-mean-square batch of the pairs
+        fit = (w >= 3.0 * self.forgetting ** 2) & (szx > 0) & np.isfinite(k) & \
+            (np.sqrt(szz / sbb) >= self.min_spread) & (error < self.max_error * scale)
+        self.offsets = np.where(fit, np.clip(k, 0.0, self.max_offset * scale), self.offsets)
         self.identified |= fit
-        self.speeds = np.where(seen, (sb + self.offsets * w) / st, self.speeds)

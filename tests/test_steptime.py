@@ -72,3 +72,31 @@ def test_invalid_timings_are_skipped():
 def test_bad_arguments_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StepTimeModel(**kwargs)
+
+
+def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
+    # Under a balancer the batch follows the speed: a regression of t on b over a drift mistakes the drift
+    # for a fixed cost (the previous model's estimates here: 0, 0.1, 0.4, 48 or none, over 10 seeds).
+    # Consecutive-step differences with the batch change as instrument are not misled.
+    k, steps, estimates = 16.0, 400, []
+    v = 1000.0 * (1.0 + 0.5 * np.sin(np.arange(steps) / 15.0))  # up to 3% per step
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        m = StepTimeModel()
+        m.start(1)
+        for t in range(steps):
+            b = max(4, int(64 * v[max(t - 2, 0)] / 1000.0) + int(rng.integers(-10, 11)))
+            m.update([b], [(k + b) / v[t] * np.exp(0.03 * rng.standard_normal())])
+        assert m.identified[0]
+        estimates.append(m.offsets[0])
+    assert np.median(estimates) == pytest.approx(k, rel=0.2), estimates
+    assert np.all(np.abs(np.array(estimates) - k) < 0.5 * k), estimates
+
+
+def test_speeds_are_the_last_measurement_not_an_average():
+    m = StepTimeModel(offset=10.0, min_spread=1.0)  # k pinned at its prior
+    m.start(1)
+    for v in (1000.0, 900.0, 800.0, 700.0):
+        m.update([50], [(10.0 + 50) / v])
+    assert m.speeds[0] == pytest.approx(700.0)
+    assert m.threshold[0] >= m.change

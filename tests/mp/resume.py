@@ -65,7 +65,7 @@ model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), 
 feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=8, seed=3)
 # k pinned at 0 (min_spread=1) and the forecasts always trusted (a change threshold nothing exceeds):
 # the split follows the forecasts exactly, 1 : 2 (: 3), whatever the tiny model's timings.
-policy = LBBSPPolicy(min_gain=0.0, settle=0, model={"min_spread": 1.0, "change": 100.0})
+policy = LBBSPPolicy(min_gain=0.0, model={"min_spread": 1.0, "change": 100.0})
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=RankSpeed(), warmup_steps=0,
                            state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"),
                            state_every=3 if mode == "steps" else None)
