@@ -7,7 +7,9 @@ these come from real lbbsp jobs: the batch changes from step to step, the
 speed column is the batch-free speed (b + k) / t with the job's fitted fixed
 cost k, the telemetry was read inside the job, and the injected state
 (quota in cores, hog) comes from the scenario. They serve as held-out test
-traces for predictor.evaluate.
+traces for predictor.evaluate (prefix "live") or as training traces that
+show the model what a multi-process job's steps look like (prefix
+"livetrain"; predictor.train uses them as they are, without aggregation).
 """
 import argparse
 import csv
@@ -50,10 +52,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories holding steps_rank*.csv")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--prefix", default="live",
+                        help="file name prefix: live (held out for evaluation) or livetrain (used for training)")
     args = parser.parse_args(argv)
+    if args.prefix not in ("live", "livetrain"):
+        parser.error(f"--prefix={args.prefix!r} is not allowed: use live or livetrain")
     os.makedirs(args.out, exist_ok=True)
     for run in args.runs:
-        for path in export(run, args.out):
+        for path in export(run, args.out, args.prefix):
             print(path)
     return 0
 

@@ -12,7 +12,7 @@ millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
 Reported per variant: the median steady-state step time (warm-up steps
 dropped), the extra milliseconds per step over plain Horovod and their share
 of its step time, the plugin's median time on the critical path, and the
-median time of its background work (forecast and decision).
+median time of its background work (the decision; the forecast is on the critical path).
 """
 import argparse
 import sys

@@ -72,8 +72,12 @@ class Contention:
     def _next_quota(self, now, hold):
         """The quota level after a hold ends: a discrete jump, a random-walk step, or the start of a ramp."""
         current = self.state["quota"]
-        if self.scenario == "walk":
-            return float(np.clip(current * np.exp(self.rng.normal(0.0, 0.5)), *QUOTA_RANGE))
+        if self.scenario == "walk":  # a log-normal step, reflected at the ends of the range (clipping would stick)
+            low, high = np.log(QUOTA_RANGE)
+            x = np.log(current) + self.rng.normal(0.0, 0.5)
+            while not low <= x <= high:
+                x = 2 * high - x if x > high else 2 * low - x
+            return float(np.exp(x))
         if self.scenario == "ramp":
             self._ramp = (now, now + hold, current, float(self.rng.uniform(*QUOTA_RANGE)))
             return current

@@ -66,7 +66,7 @@ class Cluster:
         if profile not in PROFILES:
             raise ValueError(f"profile={profile!r} is not allowed: use one of {PROFILES}")
         rng = np.random.default_rng(seed)
-        paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith(("steady", "live_"))]
+        paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith(("steady", "live"))]
         loaded = [read_trace(p) for p in paths]
         base = rng.choice([1.0, 0.5, 0.25], size=num_workers, p=[0.5, 0.3, 0.2])
         self.speed = np.empty((steps + 1, num_workers))

@@ -14,6 +14,7 @@ VARIANTS = {
     "pid": ("pid", None),              # dynamic batching, proportional control with a deadband
     "lbbsp-ema": ("lbbsp", "ema"),     # step-time model + EMA forecasts
     "lbbsp-narx": ("lbbsp", "narx"),   # step-time model + NARX forecasts (the default)
+    "lbbsp-last": ("lbbsp", "last"),   # step-time model + the last measurement (what the NARX must beat)
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),

@@ -212,7 +212,11 @@ class Rebalancer:
     reverses (down to `min_step` of the full move) and returns to the full
     move after a move in the same direction, which stops oscillation around
     the balance point under noisy forecasts; when the damped move would not
-    shorten the predicted step, the target is taken undamped. The state
+    shorten the predicted step, the target is taken undamped. When a worker's
+    speed was just measured to change (`jumped`), the damping restarts for
+    all: the balance point itself moved, so the moves that follow are not
+    oscillation, and a damping built up by noise would otherwise slow them
+    down up to 1 / min_step times. The state
     depends only on the inputs, so ranks that feed it the same numbers stay in
     lockstep.
     """
@@ -236,12 +240,14 @@ class Rebalancer:
         self._step = np.ones(num_workers)
         self._last_dir = np.zeros(num_workers, dtype=np.int64)
 
-    def update(self, current, target, speeds, offsets, lower, upper):
+    def update(self, current, target, speeds, offsets, lower, upper, jumped=None):
         """The batches to use next: `target` (or a damped move towards it), or `current` if the gain is too small.
 
         `speeds` and `offsets` must be clean (positive and non-negative finite; see `sanitize`), `lower`
-        and `upper` the per-worker bounds (integer arrays).
+        and `upper` the per-worker bounds (integer arrays); `jumped` marks workers whose speed just changed.
         """
+        if jumped is not None and np.any(jumped):
+            self.start(self._step.size)
         current = np.asarray(current, dtype=np.int64)
         if np.array_equal(target, current):
             return current.copy()

@@ -328,7 +328,8 @@ class LBBSPPolicy(Policy):
             self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
         _, lower, upper = self._bounds
         target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches, max_change=trust)
-        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper)
+        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
+                                              jumped=self.model.changed)
         self._speeds = speeds
         return self.resize(next_global_batch)
 

@@ -2,6 +2,7 @@
 
     python -m predictor.evaluate                       # the held-out test traces
     python -m predictor.evaluate --traces traces/hog_*.csv.gz --json out.json
+    python -m predictor.evaluate --aggregate 16        # as if each step were 16 recorded steps long
 
 Each predictor sees a trace step by step, exactly as in training: after step
 t it observes the measured speed and telemetry and forecasts step t+1; the
@@ -21,7 +22,7 @@ import numpy as np
 
 from . import make_predictor
 from .narx import load, load_default
-from .traces import TRACE_DIR, read_trace
+from .traces import aggregate, list_traces, read_trace
 
 __all__ = ["forecasts", "evaluate", "main", "PREDICTOR_ROWS"]
 
@@ -73,12 +74,13 @@ def _change_mask(trace):
     return mask
 
 
-def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None):
-    """{predictor: {"steady", "dynamic", "change", "all": MAPE in %}} and per-trace figures."""
+def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1):
+    """{predictor: {"steady", "dynamic", "change", "all": MAPE in %}} and per-trace figures; `steps` recorded
+    steps are merged into one (predictor.traces.aggregate)."""
     errors = {name: {"steady": [], "dynamic": [], "change": []} for name in rows}
     per_trace = {}
     for path in paths:
-        trace = read_trace(path)
+        trace = aggregate(read_trace(path), steps)
         speed = trace["speed"]
         valid = np.isfinite(speed) & (speed > 0)
         valid[0] = False
@@ -122,23 +124,26 @@ def format_table(table):
 
 
 def main(argv=None):
-    from .train import TEST_TRACES
+    from .train import held_out
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", nargs="*", help="trace files (default: the held-out test traces)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--model-dir", help="directory with narx_default.npz and arx_default.npz "
                                             "(default: the models shipped in predictor/models)")
+    parser.add_argument("--aggregate", type=int, default=1, help="recorded steps merged into one (default 1)")
     args = parser.parse_args(argv)
+    if args.aggregate < 1:
+        parser.error(f"--aggregate={args.aggregate} is not allowed: it must be >= 1")
     if args.traces:
         paths = args.traces
     else:
-        paths = [os.path.join(TRACE_DIR, f"{name}.csv.gz") for name in TEST_TRACES]
-        paths = [p for p in paths if os.path.exists(p)]
+        names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces()]
+        paths = [p for p, name in names if held_out(name) and not name.startswith("live_")]
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         parser.error(f"trace files not found: {missing or 'none given'}")
-    table, per_trace = evaluate(paths, model_dir=args.model_dir)
+    table, per_trace = evaluate(paths, model_dir=args.model_dir, steps=args.aggregate)
     print(f"MAPE (%) of next-step speed forecasts on {len(paths)} held-out traces "
           f"({sum(v['steps'] for v in per_trace.values())} steps, "
           f"{sum(v['changes'] for v in per_trace.values())} at change points)")

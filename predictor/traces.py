@@ -4,10 +4,12 @@ Columns: step, time, batch, step_time, speed, the telemetry FEATURES, and the
 injected state where the recorder knows it (quota, hog, mem). Lines starting
 with '#' hold how the trace was made. `speed` is the batch-free speed the
 predictors forecast: samples/s for traces recorded at one batch size
-(benchmarks.record, where it is proportional to the batch-free speed), and
-(b + k) / t with the job's fitted fixed cost k for traces exported from
-live lbbsp jobs, whose batch changes from step to step
-(benchmarks.export_traces, files named live_*).
+(benchmarks.record, where it is proportional to the batch-free speed);
+(b + k) / t for traces recorded with a batch drawn per step (*_vb, k fitted
+over the trace and written in its header); and (b + k) / t with the job's
+fitted fixed cost k for traces exported from live lbbsp jobs, whose batch
+changes from step to step (benchmarks.export_traces: live_* are held out
+for evaluation, livetrain_* are training data).
 """
 import csv
 import gzip
@@ -18,7 +20,7 @@ import numpy as np
 
 from .telemetry import FEATURES
 
-__all__ = ["COLUMNS", "write_trace", "read_trace", "list_traces", "TRACE_DIR"]
+__all__ = ["COLUMNS", "write_trace", "read_trace", "list_traces", "aggregate", "TRACE_DIR"]
 
 COLUMNS = ("step", "time", "batch", "step_time", "speed") + FEATURES + ("quota", "hog", "mem")
 TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
@@ -64,3 +66,31 @@ def read_trace(path):
 def list_traces(directory=TRACE_DIR):
     """Paths of the trace files in a directory, sorted."""
     return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith((".csv", ".csv.gz")))
+
+
+def aggregate(trace, steps):
+    """The trace as if every `steps` consecutive steps were one longer step (the same contention, less noise).
+
+    Speed is work over time, sum(speed_i * t_i) / sum(t_i), so a slow step
+    weighs as much as it lasted; telemetry and injected state are averaged
+    (state: the last step's). A trace without step times weighs steps equally.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} is not allowed: it must be an integer >= 1")
+    if steps == 1:
+        return trace
+    n = trace["speed"].size // steps * steps
+    t = trace.get("step_time")
+    t = np.ones(n) if t is None else np.where(np.isfinite(t[:n]) & (t[:n] > 0), t[:n], np.nan)
+    speed = trace["speed"][:n]
+    work = np.nansum((speed * t).reshape(-1, steps), axis=1)
+    time = np.nansum(np.where(np.isfinite(speed), t, np.nan).reshape(-1, steps), axis=1)
+    out = {key: value[:n][steps - 1::steps] for key, value in trace.items()
+           if isinstance(value, np.ndarray) and value.ndim == 1 and value.size == trace["speed"].size}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["speed"] = np.where(time > 0, work / time, np.nan)
+    out["step_time"] = time
+    out["features"] = trace["features"][:n].reshape(-1, steps, trace["features"].shape[1]).mean(axis=1)
+    out["comments"] = list(trace["comments"]) + [f"aggregated: {steps} recorded steps per step"]
+    out["name"] = f"{trace['name']}@{steps}"
+    return out

@@ -22,7 +22,7 @@ import numpy as np
 
 from .features import DEFAULT_SPEC, WindowSpec
 from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, save
-from .traces import TRACE_DIR, list_traces, read_trace
+from .traces import TRACE_DIR, aggregate, list_traces, read_trace
 
 __all__ = ["TEST_TRACES", "training_traces", "windows", "train", "main"]
 
@@ -34,26 +34,41 @@ ARX_CANDIDATES = (8, 16)
 #: NARX runs at every step: the cheapest candidate within this fraction of the best validation loss wins.
 SELECTION_SLACK = 0.05
 
-#: Held out by file: one or more of every scenario, workloads and batch sizes not all seen in training.
+#: Held out by file: one or more of every scenario, workloads and batch sizes not all seen in training, and
+#: every trace of the contention kinds no training trace has (continuous quota walks, ramps, partial-duty
+#: hogs), recorded with the batch drawn per step.
 TEST_TRACES = ("steady_cnn_b32", "quota_mlp_b256", "hog_mlp_b32", "memory_cnn_b32", "mixed_cnn_b32")
+HELD_OUT_KINDS = ("walk", "ramp", "duty")
+#: Every training trace is also seen with this many recorded steps merged into one (predictor.traces.aggregate):
+#: the same contention at the lower per-step noise of longer steps, so the model learns how much to smooth
+#: from the window instead of assuming one noise level.
+AGGREGATES = (1, 4, 16)
+
+
+def held_out(name):
+    """True for a trace that plays no part in training: TEST_TRACES, the held-out kinds, live_* traces."""
+    return name in TEST_TRACES or name.startswith(("live_",) + tuple(f"{k}_" for k in HELD_OUT_KINDS))
 
 
 def training_traces(directory=TRACE_DIR):
-    """Every recorded trace except the held-out ones (TEST_TRACES, and live_* traces exported from lbbsp jobs)."""
-    names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces(directory)]
-    return [p for p, name in names if name not in TEST_TRACES and not name.startswith("live_")]
+    """Every recorded trace except the held-out ones (see `held_out`)."""
+    return [p for p in list_traces(directory) if not held_out(os.path.basename(p).split(".")[0])]
 
 
-def windows(paths, spec, holdout=0.15):
-    """(X_train, y_train, X_val, y_val): windows of every trace, the last `holdout` of each for validation."""
+def windows(paths, spec, holdout=0.15, aggregates=AGGREGATES):
+    """(X_train, y_train, X_val, y_val): windows of every trace at every aggregation, the last `holdout` of
+    each for validation."""
     parts = {"train": ([], []), "val": ([], [])}
     for path in paths:
-        trace = read_trace(path)
-        X, y, ends = spec.dataset(trace["speed"], trace["features"])
-        cut = ends < int(len(trace["speed"]) * (1 - holdout))
-        for name, mask in (("train", cut), ("val", ~cut)):
-            parts[name][0].append(X[mask])
-            parts[name][1].append(y[mask])
+        recorded = read_trace(path)
+        # Traces exported from live jobs already have a multi-process job's steps: they are used as they are.
+        for steps in (1,) if recorded["name"].startswith("livetrain_") else aggregates:
+            trace = aggregate(recorded, steps)
+            X, y, ends = spec.dataset(trace["speed"], trace["features"])
+            cut = ends < int(len(trace["speed"]) * (1 - holdout))
+            for name, mask in (("train", cut), ("val", ~cut)):
+                parts[name][0].append(X[mask])
+                parts[name][1].append(y[mask])
     stack = [np.concatenate(parts[n][i]) for n in ("train", "val") for i in (0, 1)]
     return tuple(a.astype(np.float32) for a in stack)
 

@@ -176,6 +176,23 @@ def test_rebalancer_damps_reversals():
     assert _move(r, b, [3.0, 1.0]).tolist() == [150, 50]
 
 
+def test_rebalancer_moves_undamped_after_a_measured_jump():
+    import copy
+
+    r = Rebalancer(min_gain=0.0)
+    r.start(2)
+    b = np.array([100, 100])
+    for speeds in ([1.05, 1.0], [1.0, 1.05]) * 3:  # noise: every move reverses, the damping builds up
+        b = _move(r, b, speeds)
+    marked = copy.deepcopy(r)
+    damped = _move(r, b, [1.0, 0.25])  # worker 1 became 4x slower
+    n, v = 2, np.array([1.0, 0.25])
+    undamped = marked.update(b, allocate(v, 200), v, np.zeros(n), np.ones(n, np.int64), np.full(n, 200, np.int64),
+                             jumped=np.array([False, True]))
+    assert undamped.tolist() == [160, 40]  # the balanced split in one move
+    assert damped[1] > 60, damped  # without the mark the same move is cut short
+
+
 def test_rebalancer_bad_arguments():
     with pytest.raises(ValueError, match="min_gain=1.5"):
         Rebalancer(min_gain=1.5)

@@ -152,3 +152,16 @@ def test_elastic_benchmark_runs_a_join_and_a_kill_and_reports_both(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "benchmarks.elastic", "--policies", "fastest"], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert bad.returncode == 2 and "--policies='fastest' is not allowed" in bad.stdout
+
+
+def test_recorder_fixed_cost_from_random_batches():
+    from benchmarks.record import fixed_cost
+
+    rng = np.random.default_rng(4)
+    k = 20.0
+    speed = np.repeat(rng.choice([1000.0, 400.0, 150.0], 40), 25)  # contention switching, independent of b
+    batch = np.exp(rng.uniform(np.log(16), np.log(161), speed.size)).astype(int)
+    time = (k + batch) / speed * np.exp(rng.normal(0, 0.05, speed.size))
+    time[::97] *= 5  # stalls
+    assert fixed_cost(batch, time) == pytest.approx(k, rel=0.2)
+    assert fixed_cost(np.full(10, 64), np.full(10, 0.1)) == 0.0

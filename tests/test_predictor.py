@@ -157,15 +157,21 @@ def test_narx_forecast_costs_under_a_millisecond():
     assert np.median(costs) < 1e-3
 
 
-def test_online_adaptation_learns_a_bias_the_offline_model_lacks():
-    # A worker whose speed alternates in a pattern: RLS on the readout fits it better than the frozen model.
+def test_online_adaptation_learns_a_pattern_the_offline_model_lacks():
+    # A worker whose speed alternates in a period-4 pattern. The ARX readout sees the window itself, so RLS
+    # on it can fit the pattern the frozen model never saw. (The NARX readout sees the GRU's hidden state;
+    # whether that encodes the phase depends on the trained weights, so the NARX is held to never doing
+    # worse than its shipped readout instead: test_online_adaptation_never_diverges.)
     speeds = np.tile([100.0, 100.0, 60.0, 100.0], 200)
     feats = np.tile(NEUTRAL, (speeds.size, 1))
     errs = {}
     for online in (False, True):
-        f = feed(load_default("narx", online=online), speeds, feats)
+        f = feed(load_default("arx", online=online), speeds, feats)
         errs[online] = np.mean(np.abs(f[-200:-1] - speeds[-199:]) / speeds[-199:])
-    assert errs[True] < errs[False]
+    assert errs[True] < 0.1 * errs[False], errs
+    narx = {online: feed(load_default("narx", online=online), speeds, feats) for online in (False, True)}
+    errors = {k: np.mean(np.abs(f[-200:-1] - speeds[-199:]) / speeds[-199:]) for k, f in narx.items()}
+    assert errors[True] <= 1.05 * errors[False], errors
 
 
 def test_trace_round_trip(tmp_path):
@@ -224,3 +230,19 @@ def test_online_adaptation_never_diverges(kind):
             out.append(abs(p.forecast() / speeds[t + 1] - 1))
         errors[online] = float(np.mean(out[20:]))
     assert errors[True] <= 1.3 * errors[False], errors
+
+
+def test_aggregate_merges_steps_by_time_and_keeps_the_work():
+    from predictor.traces import aggregate
+
+    trace = {"speed": np.array([100.0, 50.0, 100.0, 50.0, 7.0]), "step_time": np.array([1.0, 2.0, 1.0, 2.0, 1.0]),
+             "quota": np.array([1.0, 1.0, 0.5, 0.5, 0.5]), "features": np.arange(10.0).reshape(5, 2),
+             "comments": [], "name": "t"}
+    out = aggregate(trace, 2)  # two merged steps of 200 samples in 3 s each; the odd last step is dropped
+    np.testing.assert_allclose(out["speed"], [200 / 3, 200 / 3])
+    np.testing.assert_allclose(out["step_time"], [3.0, 3.0])
+    np.testing.assert_allclose(out["features"], [[1.0, 2.0], [5.0, 6.0]])
+    assert out["quota"].tolist() == [1.0, 0.5] and out["name"] == "t@2"
+    assert aggregate(trace, 1) is trace
+    with pytest.raises(ValueError, match="steps=0"):
+        aggregate(trace, 0)
