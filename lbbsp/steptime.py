@@ -158,9 +158,9 @@ class StepTimeModel:
         z, x, y = b - b0, t - t0, t0 * b - t * b0
         zz = z * z
         s = self._sums
-        s[:, pair] *= self.forgetting
-        s[:, pair] += np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x])[:, pair]
-        self._last[:, ok] = np.stack([b, t])[:, ok]
+        s *= np.where(pair, self.forgetting, 1.0)
+        s += np.where(pair, np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
+        self._last = np.where(ok, np.stack([b, t]), self._last)
         self._fit()
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
                                self.speeds)

@@ -10,13 +10,17 @@ error is |forecast - v_{t+1}| / v_{t+1}. "Change points" are the 10 steps
 after each change of the injected state (quota, hog, memory) that the
 recorder wrote into the trace. "oracle" knows the next step's injected state
 and predicts the trace's median speed in that state: the error left when the
-state change itself is known in advance.
+state change itself is known in advance. "noise" is no predictor either: the
+centred median of the 9 steps around each step (it sees 4 steps ahead), whose
+error is the size of each step's deviation from its local level, the part of
+a step that no forecast made before it can know.
 """
 import argparse
 import json
 import math
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -27,7 +31,10 @@ from .traces import aggregate, list_traces, read_trace
 __all__ = ["forecasts", "evaluate", "main", "PREDICTOR_ROWS"]
 
 CHANGE_WINDOW = 10
-PREDICTOR_ROWS = ("last", "ema", "arx", "arx+online", "narx", "narx+online", "oracle")
+PREDICTOR_ROWS = ("last", "ema", "arx", "arx+online", "narx", "narx+online", "oracle", "noise")
+#: Rows that see the future (references, not predictors).
+REFERENCES = {"oracle", "noise"}
+NOISE_SPAN = 9
 STATE = ("quota", "hog", "mem")
 
 
@@ -65,6 +72,17 @@ def _oracle(trace):
     return out
 
 
+def _noise(trace):
+    """Centred NOISE_SPAN-step median of the speed (edges: the part of the window that exists)."""
+    speed = trace["speed"]
+    half = NOISE_SPAN // 2
+    padded = np.concatenate([np.full(half, np.nan), speed, np.full(half, np.nan)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, NOISE_SPAN)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-invalid window gives NaN, as intended
+        return np.nanmedian(np.where(windows > 0, windows, np.nan), axis=1)
+
+
 def _change_mask(trace):
     states = _states(trace)
     changes = np.flatnonzero(np.any(states[1:] != states[:-1], axis=1)) + 1
@@ -88,7 +106,8 @@ def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1):
         changes = _change_mask(trace) & valid
         per_trace[trace["name"]] = {"steps": int(valid.sum()), "changes": int(changes.sum())}
         for name in rows:
-            f = _oracle(trace) if name == "oracle" else forecasts(_make(name, model_dir), trace)
+            f = {"oracle": _oracle, "noise": _noise}[name](trace) if name in REFERENCES else \
+                forecasts(_make(name, model_dir), trace)
             err = np.abs(f - speed) / speed
             errors[name][kind].append(err[valid])
             errors[name]["change"].append(err[changes])

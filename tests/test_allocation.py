@@ -208,3 +208,17 @@ def test_trust_region_keeps_every_worker_near_its_current_batch(problem, change,
     b = allocate(v, global_batch, b_min, b_max, offsets=k, near=near, max_change=change)
     assert int(b.sum()) == global_batch and (b >= b_min).all()
     assert (b >= np.floor(near / change)).all() and (b <= np.ceil(near * change) + 1).all()
+
+
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=60), st.integers(1, 70), st.integers(0, 10**6))
+@settings(max_examples=300, deadline=None)
+def test_smallest_equals_the_first_of_a_lexsort(values, count, seed):
+    from lbbsp.allocation import _smallest
+
+    # Per worker the candidate times are distinct (they grow with each extra sample); ties across workers.
+    rng = np.random.default_rng(seed)
+    workers = rng.permutation(len(values))
+    t = np.array(values, dtype=np.float64)
+    chosen = _smallest(t, workers, count)
+    expected = np.lexsort((workers, t))[:count]
+    assert sorted(chosen.tolist()) == sorted(expected.tolist())
