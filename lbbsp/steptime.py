@@ -171,7 +171,8 @@ class StepTimeModel:
         # Heteroskedasticity-robust standard error of the instrumental-variables estimate.
         error = np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx)
         scale = np.sqrt(sbb / w)  # root-mean-square batch of the pairs
-        fit = (w >= 3.0 * self.forgetting ** 2) & (szx > 0) & np.isfinite(k) & \
+        three_pairs = 1.0 + self.forgetting + self.forgetting ** 2  # w after three pairs: one pair has no residual
+        fit = (w >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & \
             (np.sqrt(szz / sbb) >= self.min_spread) & (error < self.max_error * scale)
         self.offsets = np.where(fit, np.clip(k, 0.0, self.max_offset * scale), self.offsets)
         self.identified |= fit

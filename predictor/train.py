@@ -8,8 +8,10 @@ Both models see the same windows (predictor/features.py), use the same loss
 optimizer and early stopping on the last 15% of every training trace. For
 each, several window lengths (and GRU sizes) are tried; ARX keeps the lowest
 validation loss, NARX the cheapest candidate within 5% of it (it runs at
-every training step, so its cost counts). The test traces (TEST_TRACES) are held out
-by file for `predictor.evaluate` and play no part in training or selection.
+every training step, so its cost counts). Held out for `predictor.evaluate`,
+and no part of training or selection: TEST_TRACES by file, every trace of the
+contention kinds in HELD_OUT_KINDS, and the live_* traces (see `held_out`).
+Every recorded training trace is also seen aggregated (AGGREGATES).
 """
 import argparse
 import glob
