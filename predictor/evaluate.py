@@ -32,8 +32,6 @@ __all__ = ["forecasts", "evaluate", "main", "PREDICTOR_ROWS"]
 
 CHANGE_WINDOW = 10
 PREDICTOR_ROWS = ("last", "ema", "arx", "arx+online", "narx", "narx+online", "oracle", "noise")
-#: Rows that see the future (references, not predictors).
-REFERENCES = {"oracle", "noise"}
 NOISE_SPAN = 9
 STATE = ("quota", "hog", "mem")
 
@@ -83,6 +81,10 @@ def _noise(trace):
         return np.nanmedian(np.where(windows > 0, windows, np.nan), axis=1)
 
 
+#: Rows that see the future (references, not predictors), and how each is computed from a trace.
+REFERENCES = {"oracle": _oracle, "noise": _noise}
+
+
 def _change_mask(trace):
     states = _states(trace)
     changes = np.flatnonzero(np.any(states[1:] != states[:-1], axis=1)) + 1
@@ -106,8 +108,7 @@ def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1):
         changes = _change_mask(trace) & valid
         per_trace[trace["name"]] = {"steps": int(valid.sum()), "changes": int(changes.sum())}
         for name in rows:
-            f = {"oracle": _oracle, "noise": _noise}[name](trace) if name in REFERENCES else \
-                forecasts(_make(name, model_dir), trace)
+            f = REFERENCES[name](trace) if name in REFERENCES else forecasts(_make(name, model_dir), trace)
             err = np.abs(f - speed) / speed
             errors[name][kind].append(err[valid])
             errors[name]["change"].append(err[changes])
