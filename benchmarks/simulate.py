@@ -18,13 +18,25 @@ communication time. Noise profiles:
 
 Each worker's forecast comes from its own lbbsp.forecasting.Forecaster and
 every decision from lbbsp.controller.BalanceController: the code that runs
-inside the Keras callback. Two references: the clairvoyant oracle knows
-every worker's speed in the coming step (the draw included), the mean oracle
-knows each worker's mean speed and noise spread but not the draw, and splits
-for the expected slowest finish (lbbsp.allocation.tail_speeds); no policy can
-beat the first, the second is reachable. Reported per (N, profile, policy):
-eta = (best possible step) / (step taken), as a fraction of the mean oracle's
-too, the speedup over equal batches, and the decision cost per step.
+inside the Keras callback. Three references: the clairvoyant oracle knows
+every worker's speed in the coming step (the draw included); the mean oracle
+knows each worker's mean speed at the coming step and the distribution of
+its noise (the profile's spread for "low-noise"; for "recorded", the spread
+of the worker's source trace as a whole, not of this run's draws) but not
+the draw, and splits for the expected slowest finish
+(lbbsp.allocation.tail_speeds); the lagged mean oracle knows the same, but
+of the step just measured, as a causal policy could at best (the mean at
+the coming step is the centred average of speeds still to come). No policy
+can beat the first; the second is reachable by a perfect forecaster of
+the mean; the third by perfect knowledge of the present. Reported per (N,
+profile, policy), over the steps after `--skip` (a variance-aware split
+learns which workers it forecasts worst):
+eta = (best possible step) / (step taken), as a fraction of the mean
+oracle's too, the speedup over equal batches, and the decision cost per
+step. With a wide spread of speeds and many workers, the slowest worker
+takes longer at b_min than the balanced step; such a step is "floor-bound"
+(any split that gives that worker b_min is as good as the oracle's), and
+the share of such steps is printed with the noise statistics.
 """
 import argparse
 import os
@@ -47,7 +59,8 @@ __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PRO
 
 PROFILES = ("recorded", "low-noise")
 POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
-                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None)})
+                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None),
+                          "lagged-mean-oracle": ("lagged-mean-oracle", None)})
 
 
 def _rolling_mean(x, window):
@@ -56,6 +69,28 @@ def _rolling_mean(x, window):
     pad = window // 2
     num = np.apply_along_axis(lambda c: np.convolve(np.pad(c, pad, mode="edge"), kernel, "valid"), 0, x)
     return num / window
+
+
+#: Steps of the centred moving average that defines a worker's mean speed ("recorded" profile).
+RECORDED_MEAN = 9
+#: "low-noise": the mean follows the recorded contention over this many steps, with log-normal jitter of
+#: this standard deviation and a straggler step (at STRAGGLER_SPEED) with probability STRAGGLER_RATE.
+LOW_NOISE_MEAN, LOW_NOISE_JITTER, STRAGGLER_RATE, STRAGGLER_SPEED = 21, 0.03, 0.003, 0.5
+#: The standard deviation of log(speed / mean) that this jitter and these stragglers make.
+LOW_NOISE_SPREAD = float(np.sqrt(LOW_NOISE_JITTER ** 2 + STRAGGLER_RATE * (1 - STRAGGLER_RATE)
+                                 * np.log(STRAGGLER_SPEED) ** 2))
+
+
+def _relative_speed(speed, idx, aggregate):
+    """Time-weighted speed of each run of `aggregate` recorded steps at `idx`, relative to the trace's median."""
+    per_sample = (1.0 / speed[idx]).reshape(-1, aggregate).mean(axis=1)
+    return (1.0 / per_sample) / np.median(speed)
+
+
+def _trace_spread(speed, aggregate):
+    """Standard deviation of log(speed / mean) over a whole trace, aggregated as the simulator steps it."""
+    rel = _relative_speed(speed, np.arange(speed.size // aggregate * aggregate), aggregate)
+    return float(np.log(rel / _rolling_mean(rel, RECORDED_MEAN)).std())
 
 
 class Cluster:
@@ -69,25 +104,27 @@ class Cluster:
         paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith(("steady", "live"))]
         loaded = [read_trace(p) for p in paths]
         base = rng.choice([1.0, 0.5, 0.25], size=num_workers, p=[0.5, 0.3, 0.2])
+        picks = rng.integers(len(loaded), size=num_workers)
         self.speed = np.empty((steps + 1, num_workers))
         self.features = np.empty((steps + 1, num_workers, loaded[0]["features"].shape[1]))
         for w in range(num_workers):
-            trace = loaded[rng.integers(len(loaded))]
+            trace = loaded[picks[w]]
             n = trace["speed"].size
             idx = (rng.integers(n) + np.arange((steps + 1) * aggregate)) % n
-            per_sample = (1.0 / trace["speed"][idx]).reshape(steps + 1, aggregate).mean(axis=1)
-            rel = (1.0 / per_sample) / np.median(trace["speed"])
-            self.speed[:, w] = 1000.0 * base[w] * rel  # samples/s of a full-speed worker: 1000
+            self.speed[:, w] = 1000.0 * base[w] * _relative_speed(trace["speed"], idx, aggregate)
             self.features[:, w] = trace["features"][idx[aggregate - 1::aggregate]]
         if profile == "recorded":
-            self.mean = _rolling_mean(self.speed, 9)
+            self.mean = _rolling_mean(self.speed, RECORDED_MEAN)
+            # The spread of each source trace as a whole: the noise's distribution, not this run's draws.
+            whole = [_trace_spread(t["speed"], aggregate) for t in loaded]
+            self.spread = np.array([whole[i] for i in picks])
         else:
-            self.mean = _rolling_mean(self.speed, 21)
-            jitter = np.exp(rng.normal(0.0, 0.03, self.speed.shape))
-            straggle = np.where(rng.random(self.speed.shape) < 0.003, 0.5, 1.0)
+            self.mean = _rolling_mean(self.speed, LOW_NOISE_MEAN)
+            jitter = np.exp(rng.normal(0.0, LOW_NOISE_JITTER, self.speed.shape))
+            straggle = np.where(rng.random(self.speed.shape) < STRAGGLER_RATE, STRAGGLER_SPEED, 1.0)
             self.speed = self.mean * jitter * straggle
+            self.spread = np.full(num_workers, LOW_NOISE_SPREAD)
         self.noise = np.log(self.speed / self.mean)
-        self.spread = self.noise.std(axis=0)
         self.offset, self.comm, self.profile = float(offset), comm, profile
         self.num_workers, self.steps = num_workers, steps
 
@@ -108,20 +145,25 @@ class Cluster:
         return predicted_time(allocate(v, global_batch, offsets=k), v, k)
 
 
-def noise_stats(cluster):
-    """Per-step noise of a cluster's speeds: median spread, p99 of |log deviation|, lag-1 autocorrelation."""
+def noise_stats(cluster, global_batch):
+    """Per-step noise of a cluster's speeds (median spread, p99 of |log deviation|, lag-1 autocorrelation)
+    and the share of floor-bound steps (the slowest worker at b_min = 1 takes as long as the best split)."""
     z = cluster.noise
     centred = z - z.mean(axis=0)
     lag1 = (centred[1:] * centred[:-1]).sum(axis=0) / np.maximum((centred ** 2).sum(axis=0), 1e-12)
-    return {"spread": float(np.median(cluster.spread)), "p99": float(np.percentile(np.abs(z), 99)),
-            "lag1": float(np.median(lag1))}
+    floor = (cluster.offset + 1.0) / cluster.speed.min(axis=1)
+    best = np.array([cluster.best_step(t, global_batch) for t in range(cluster.steps)])
+    return {"spread": float(np.median(z.std(axis=0))), "p99": float(np.percentile(np.abs(z), 99)),
+            "lag1": float(np.median(lag1)), "floor": float(np.mean(floor[:-1] >= best * (1 - 1e-9)))}
 
 
-def _policy(name, cluster):
+def _policy(name, cluster, lag):
     if name == "oracle":
         return OraclePolicy(cluster.truth)
     if name == "mean-oracle":
         return OraclePolicy(cluster.mean_truth)
+    if name == "lagged-mean-oracle":
+        return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
     if name == "lbbsp-va":
         return LBBSPPolicy(variance_aware=True)
     return name
@@ -133,7 +175,7 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     As in the callback, the timings of step t decide the split of step t + 1 + plan_ahead.
     """
     n = cluster.num_workers
-    controller = BalanceController(_policy(policy, cluster), warmup_steps=0, plan_ahead=plan_ahead)
+    controller = BalanceController(_policy(policy, cluster, 1 + plan_ahead), warmup_steps=0, plan_ahead=plan_ahead)
     plans = controller.start(n, np.full(steps_per_epoch, global_batch))
     forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
@@ -162,45 +204,51 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
     parser.add_argument("--profiles", default=",".join(PROFILES), help=f"comma-separated, from {PROFILES}")
-    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-narx,lbbsp-narx-va,oracle,mean-oracle")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-va,oracle,"
+                                              "mean-oracle,lagged-mean-oracle")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip", type=int, help="steps left out of the averages while policies learn "
+                                                  "(default: 50, or a third of a shorter run)")
     parser.add_argument("--per-worker-batch", type=int, default=64)
     parser.add_argument("--offset", type=float, default=16.0, help="fixed cost per step, in samples")
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.skip is None:
+        args.skip = min(50, args.steps // 3)
     sizes = [int(s) for s in args.workers.split(",")]
     names = [p.strip() for p in args.policies.split(",")]
     profiles = [p.strip() for p in args.profiles.split(",")]
     unknown = [p for p in names if p not in POLICY_VARIANTS] + [p for p in profiles if p not in PROFILES]
-    if unknown or any(s < 1 for s in sizes) or args.steps < 20 or args.aggregate < 1 or args.steps_per_epoch < 1 \
-            or args.offset < 0:
+    if unknown or any(s < 1 for s in sizes) or args.steps < 20 or not 0 <= args.skip < args.steps - 10 \
+            or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0:
         parser.error(f"bad arguments: unknown policies or profiles {unknown}, sizes {sizes} (>= 1), steps "
-                     f"{args.steps} (>= 20), aggregate {args.aggregate} (>= 1), steps per epoch "
+                     f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), steps per epoch "
                      f"{args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
-    print(f"{'workers':>8} {'profile':<10} {'policy':<14} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
+    print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
           f"{'decision ms (median/p99)':>26}")
     for n in sizes:
         for profile in profiles:
             cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate,
                               profile=profile)
-            stats = noise_stats(cluster)
+            stats = noise_stats(cluster, args.per_worker_batch * n)
             print(f"{n:>8} {profile:<10} noise: spread {stats['spread']:.3f}, p99 |log dev| {stats['p99']:.3f}, "
-                  f"lag-1 autocorrelation {stats['lag1']:.2f}", flush=True)
+                  f"lag-1 autocorrelation {stats['lag1']:.2f}; floor-bound steps {100 * stats['floor']:.0f}%",
+                  flush=True)
             runs = {}
             for name in names:
                 policy, predictor = POLICY_VARIANTS[name]
                 runs[name] = simulate(cluster, policy, predictor, args.per_worker_batch * n,
                                       steps_per_epoch=args.steps_per_epoch)
-            skip = 10
+            skip = args.skip
             base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
             reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
             for name, r in runs.items():
                 eta = r["eta"][skip:].mean()
                 of_mean = f"{eta / reference:>15.3f}" if reference else f"{'-':>15}"
                 speedup = f"{base / r['step_time'][skip:].mean():>7.2f}x" if base else f"{'-':>8}"
-                print(f"{n:>8} {profile:<10} {name:<14} {eta:>6.3f} {of_mean} {speedup} "
+                print(f"{n:>8} {profile:<10} {name:<18} {eta:>6.3f} {of_mean} {speedup} "
                       f"{1e3 * np.median(r['decide']):>14.3f} / {1e3 * np.percentile(r['decide'], 99):.3f}",
                       flush=True)
     return 0

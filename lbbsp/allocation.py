@@ -261,8 +261,12 @@ class Rebalancer:
         current = np.asarray(current, dtype=np.int64)
         if np.array_equal(target, current):
             return current.copy()
-        now = _finish(current, speeds, offsets)
-        best = _finish(target, speeds, offsets)
+        # A worker held at its lower bound in both splits finishes when it finishes under either; when it is
+        # the slowest, comparing maxima would see no gain and keep a stale split for all the others.
+        free = (np.asarray(target) > lower) | (current > lower)
+        speeds, offsets = speeds[free], np.broadcast_to(offsets, free.shape)[free]
+        now = _finish(current[free], speeds, offsets)
+        best = _finish(np.asarray(target)[free], speeds, offsets)
         if now <= 0 or (now - best) / now <= self.min_gain:
             return current.copy()
         delta = (target - current).astype(np.float64)
@@ -275,7 +279,7 @@ class Rebalancer:
         if reversed_.any():
             blended = current + self._step * delta
             damped = allocate_clean(np.maximum(blended, 1e-9), np.zeros_like(blended), int(current.sum()), lower, upper)
-            if _finish(damped, speeds, offsets) < now:
+            if _finish(damped[free], speeds, offsets) < now:
                 proposal = damped
             else:
                 self._step[:] = 1.0

@@ -12,6 +12,7 @@ import numpy as np
 from .allocation import Rebalancer, allocate, allocate_clean, sanitize, tail_speeds, validate_bounds
 from .membership import remap_workers
 from .steptime import StepTimeModel
+from .uncertainty import PlanningError
 
 __all__ = [
     "StepStats",
@@ -266,23 +267,27 @@ class LBBSPPolicy(Policy):
     around the batches the model was fitted on), unless the model just
     measured that worker's speed jump: then it may move by the measured
     ratio. With `variance_aware`, the split balances a high quantile of each
-    worker's time (its measured step-to-step spread), giving noisy workers
-    slack (lbbsp.allocation.tail_speeds). `model` takes a StepTimeModel or a
-    dict of its arguments.
+    worker's time instead of its mean, giving slack to the workers whose
+    planned speeds have been furthest from the speeds they then ran at
+    (lbbsp.uncertainty, lbbsp.allocation.tail_speeds): with many workers the
+    largest error sets the pace. `model` takes a StepTimeModel or a dict of
+    its arguments.
     """
 
     name = "lbbsp"
     uses_forecast = True
     _STATE = ("batches", "_speeds")
-    _EMPTY = StepTimeModel.EMPTY
+    _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
 
     def state(self):
-        return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state())
+        return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state(),
+                    errors=self.errors.state())
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
         self.rebalancer.load_state(state["rebalancer"])
+        self.errors.load_state(state["errors"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0):
         self.rebalancer = Rebalancer(min_gain, min_step)
@@ -295,11 +300,13 @@ class LBBSPPolicy(Policy):
         if not isinstance(model, StepTimeModel):
             raise ValueError(f"model={model!r} is not allowed: give a lbbsp.steptime.StepTimeModel or a dict of its arguments")
         self.model = model
+        self.errors = PlanningError()
 
     def start(self, num_workers, global_batch, b_min=1, b_max=None):
         batches = super().start(num_workers, global_batch, b_min, b_max)
         self.model.start(num_workers)
         self.rebalancer.start(num_workers)
+        self.errors.start(num_workers)
         self._speeds = None
         self._bounds = (None, None, None)
         return batches
@@ -312,16 +319,20 @@ class LBBSPPolicy(Policy):
         with np.errstate(all="ignore"):
             trails = np.abs(np.log(forecast / measured)) > self.model.threshold  # False where nothing was measured
         good = np.isfinite(forecast) & (forecast > 0) & ~trails
-        speeds = sanitize(np.where(good, forecast, measured))
-        return tail_speeds(speeds, self.model.spread) if self.variance_aware else speeds
+        return sanitize(np.where(good, forecast, measured))
 
     def after_step(self, stats, next_global_batch):
         before = self.model.speeds
         self.model.update(stats.batches, stats.compute)
+        self.errors.observe(stats.step, self.model.speeds)
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
         trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
         speeds = self.speeds(stats.forecast)
+        if stats.target is not None:
+            self.errors.plan(stats.target, speeds)
+        if self.variance_aware:
+            speeds = tail_speeds(speeds, self.errors.spread)
         total = int(self.batches.sum())
         if total != self._bounds[0]:
             _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)

@@ -193,6 +193,22 @@ def test_rebalancer_moves_undamped_after_a_measured_jump():
     assert damped[1] > 60, damped  # without the mark the same move is cut short
 
 
+def test_rebalancer_moves_the_others_when_a_worker_at_its_lower_bound_is_the_slowest():
+    # Worker 0 is so slow that it sets the step at b_min under any split, so the predicted maximum is the
+    # same for the stale and the new split; the others' speeds swapped, and the new split must be taken.
+    r = Rebalancer(min_gain=0.02)
+    r.start(3)
+    speeds, offsets = np.array([0.05, 1.0, 3.0]), np.full(3, 2.0)
+    lower, upper = np.ones(3, np.int64), np.full(3, 200, np.int64)
+    target = allocate(speeds, 200, offsets=offsets)
+    assert target[0] == 1
+    stale = np.array([1, 57, 142])
+    assert predicted_time(stale, speeds, offsets) == predicted_time(target, speeds, offsets)
+    assert r.update(stale, target, speeds, offsets, lower, upper).tolist() == target.tolist()
+    # At their bound in both splits and nothing else to gain: the split stays.
+    assert r.update(target, target.copy(), speeds, offsets, lower, upper).tolist() == target.tolist()
+
+
 def test_rebalancer_bad_arguments():
     with pytest.raises(ValueError, match="min_gain=1.5"):
         Rebalancer(min_gain=1.5)

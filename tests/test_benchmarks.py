@@ -12,7 +12,8 @@ from benchmarks.analysis import breakdown, summarize
 from benchmarks.oracle import CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.scenario import Scenario, list_scenarios
-from benchmarks.simulate import Cluster, simulate
+from benchmarks.decision import decision_times
+from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, noise_stats, simulate
 from lbbsp.controller import BalanceController
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +105,31 @@ def test_simulator_at_1024_workers_uses_the_real_policy_code():
     lbbsp = simulate(cluster, "lbbsp", "ema", 64 * 1024)
     assert oracle["step_time"][5:].mean() <= lbbsp["step_time"][5:].mean() < equal["step_time"][10:].mean()
     assert np.median(oracle["decide"]) < 5e-3
+
+
+def test_mean_oracles_know_the_noise_distribution_not_this_runs_draws():
+    low = Cluster(32, 60, seed=2, profile="low-noise")
+    np.testing.assert_allclose(low.spread, LOW_NOISE_SPREAD)
+    recorded = Cluster(32, 60, seed=2)
+    again = Cluster(32, 200, seed=2)  # the same source traces for the same seed, a longer window of them
+    np.testing.assert_array_equal(recorded.spread, again.spread)
+    runs = {name: simulate(recorded, name, None, 64 * 32)["eta"][10:].mean()
+            for name in ("equal", "mean-oracle", "lagged-mean-oracle", "oracle")}
+    assert runs["equal"] < runs["lagged-mean-oracle"] <= runs["mean-oracle"] <= runs["oracle"] == 1.0
+    stats = noise_stats(recorded, 64 * 32)
+    assert 0.0 <= stats["floor"] <= 1.0 and stats["spread"] > 0
+
+
+def test_small_batches_make_a_wide_cluster_floor_bound():
+    cluster = Cluster(256, 30, seed=0)
+    assert noise_stats(cluster, 64 * 256)["floor"] > noise_stats(cluster, 512 * 256)["floor"]
+
+
+def test_decision_benchmark_times_every_policy():
+    from lbbsp.policies import LBBSPPolicy
+
+    times = decision_times(LBBSPPolicy(variance_aware=True), 8, steps=40, skip=10)
+    assert times.shape == (30,) and np.all(times > 0)
 
 
 def test_progress_prints_one_line_per_unit_in_a_log(capsys):
