@@ -224,8 +224,8 @@ def main(argv=None):
     if unknown or any(s < 1 for s in sizes) or args.steps < 20 or not 0 <= args.skip < args.steps - 10 \
             or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0:
         parser.error(f"bad arguments: unknown policies or profiles {unknown}, sizes {sizes} (>= 1), steps "
-                     f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), steps per epoch "
-                     f"{args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
+                     f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), "
+                     f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
     print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
           f"{'decision ms (median/p99)':>26}")
     for n in sizes:

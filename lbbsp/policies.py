@@ -287,6 +287,8 @@ class LBBSPPolicy(Policy):
         super().load_state(state)
         self.model.load_state(state["model"])
         self.rebalancer.load_state(state["rebalancer"])
+        if "errors" not in state:
+            raise ValueError("an lbbsp state without planning errors cannot be loaded (saved by an older version)")
         self.errors.load_state(state["errors"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0):

@@ -91,6 +91,16 @@ def test_state_round_trip_and_newcomers_start_without_errors():
         PlanningError().load_state(PlanningError().state() | {"_sums": np.zeros((4, 3))})
 
 
+def test_an_lbbsp_state_from_before_planning_errors_is_refused_by_name():
+    saved, fresh = LBBSPPolicy(), LBBSPPolicy()
+    saved.start(2, 64)
+    fresh.start(2, 64)
+    state = saved.state()
+    del state["errors"]
+    with pytest.raises(ValueError, match="without planning errors"):
+        fresh.load_state(state)
+
+
 @pytest.mark.parametrize("kwargs, bad", [({"forgetting": 1.0}, "forgetting=1.0"), ({"max_error": 0}, "max_error=0"), ({"forgetting": True}, "forgetting=True")])
 def test_bad_arguments_name_the_value(kwargs, bad):
     with pytest.raises(ValueError, match=bad):
