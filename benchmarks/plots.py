@@ -62,3 +62,30 @@ def plot_all(out_dir, results):
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def plot_scaling(path, etas, title=""):
+    """Efficiency against cluster size: `etas` maps (workers, profile, policy) to eta; one panel per profile."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = sorted({profile for _, profile, _ in etas})
+    policies = list(dict.fromkeys(policy for _, _, policy in etas))
+    fig, axes = plt.subplots(1, len(profiles), figsize=(5.5 * len(profiles), 4), squeeze=False, sharey=True)
+    for ax, profile in zip(axes[0], profiles):
+        for policy in policies:
+            sizes = sorted(n for n, p, name in etas if p == profile and name == policy)
+            style = "--" if "oracle" in policy else "-"
+            ax.plot(sizes, [etas[(n, profile, policy)] for n in sizes], style, marker="o", label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_title(f"{profile} {title}".strip())
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("eta (best split's step / step taken)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -214,6 +214,7 @@ def main(argv=None):
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", help="write a plot of eta against the number of workers to this PNG path")
     args = parser.parse_args(argv)
     if args.skip is None:
         args.skip = min(50, args.steps // 3)
@@ -228,6 +229,7 @@ def main(argv=None):
                      f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
     print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
           f"{'decision ms (median/p99)':>26}")
+    etas = {}
     for n in sizes:
         for profile in profiles:
             cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate,
@@ -245,12 +247,16 @@ def main(argv=None):
             base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
             reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
             for name, r in runs.items():
-                eta = r["eta"][skip:].mean()
+                eta = etas[(n, profile, name)] = r["eta"][skip:].mean()
                 of_mean = f"{eta / reference:>15.3f}" if reference else f"{'-':>15}"
                 speedup = f"{base / r['step_time'][skip:].mean():>7.2f}x" if base else f"{'-':>8}"
                 print(f"{n:>8} {profile:<10} {name:<18} {eta:>6.3f} {of_mean} {speedup} "
                       f"{1e3 * np.median(r['decide']):>14.3f} / {1e3 * np.percentile(r['decide'], 99):.3f}",
                       flush=True)
+    if args.plot:
+        from .plots import plot_scaling
+
+        print(f"plot: {plot_scaling(args.plot, etas, f'({args.per_worker_batch} per worker)')}")
     return 0
 
 

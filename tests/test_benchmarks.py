@@ -125,6 +125,16 @@ def test_small_batches_make_a_wide_cluster_floor_bound():
     assert noise_stats(cluster, 64 * 256)["floor"] > noise_stats(cluster, 512 * 256)["floor"]
 
 
+def test_simulator_plots_eta_against_cluster_size(tmp_path, capsys):
+    from benchmarks.simulate import main
+
+    path = tmp_path / "scaling.png"
+    assert main(["--workers", "4,8", "--steps", "30", "--policies", "equal,mean-oracle,lagged-mean-oracle",
+                 "--plot", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert path.stat().st_size > 1000 and "lagged-mean-oracle" in out and "floor-bound steps" in out
+
+
 def test_decision_benchmark_times_every_policy():
     from lbbsp.policies import LBBSPPolicy
 
