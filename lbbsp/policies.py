@@ -326,14 +326,15 @@ class LBBSPPolicy(Policy):
     def after_step(self, stats, next_global_batch):
         before = self.model.speeds
         self.model.update(stats.batches, stats.compute)
-        self.errors.observe(stats.step, self.model.speeds)
+        if self.variance_aware:
+            self.errors.observe(stats.step, self.model.speeds)
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
         trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
         speeds = self.speeds(stats.forecast)
-        if stats.target is not None:
-            self.errors.plan(stats.target, speeds)
         if self.variance_aware:
+            if stats.target is not None:
+                self.errors.plan(stats.target, speeds)
             speeds = tail_speeds(speeds, self.errors.spread)
         total = int(self.batches.sum())
         if total != self._bounds[0]:

@@ -39,7 +39,7 @@ class PlanningError:
     #: Per worker, discounted sums of: 1, the squared weight (for the effective count), e^2 and e^4.
     _SUMS = 4
     #: A worker new to the job has no errors of its own (lbbsp.membership).
-    EMPTY = {"_sums": 0.0}
+    EMPTY = {"_moments": 0.0}
 
     def __init__(self, forgetting=0.995, max_error=2.0):
         for name, value, ok in (("forgetting", forgetting, lambda v: 0.0 < v < 1.0),
@@ -53,17 +53,17 @@ class PlanningError:
 
     def start(self, num_workers):
         """Forget every error and plan (start of training)."""
-        self._sums = np.zeros((self._SUMS, int(num_workers)))
+        self._moments = np.zeros((self._SUMS, int(num_workers)))
         self._planned = {}
 
     def state(self):
-        return {"_sums": self._sums.copy(), "_planned": {step: v.copy() for step, v in self._planned.items()}}
+        return {"_moments": self._moments.copy(), "_planned": {step: v.copy() for step, v in self._planned.items()}}
 
     def load_state(self, state):
-        if np.shape(state["_sums"]) != self._sums.shape:
-            raise ValueError(f"a planning-error state of shape {np.shape(state['_sums'])} cannot be loaded into "
-                             f"one for {self._sums.shape[1]} workers")
-        self._sums = np.array(state["_sums"], dtype=np.float64)
+        if np.shape(state["_moments"]) != self._moments.shape:
+            raise ValueError(f"a planning-error state of shape {np.shape(state['_moments'])} cannot be loaded into "
+                             f"one for {self._moments.shape[1]} workers")
+        self._moments = np.array(state["_moments"], dtype=np.float64)
         self._planned = {int(step): np.array(v, dtype=np.float64) for step, v in state["_planned"].items()}
 
     def plan(self, step, speeds):
@@ -74,20 +74,20 @@ class PlanningError:
         """Compare the speeds measured at global step `step` with those it was planned with (if any)."""
         planned = self._planned.pop(int(step), None)
         self._planned = {s: v for s, v in self._planned.items() if s > step}
-        if planned is None or planned.shape != self._sums.shape[1:]:
+        if planned is None or planned.shape != self._moments.shape[1:]:
             return
         with np.errstate(all="ignore"):
             error = np.log(np.asarray(measured, dtype=np.float64) / planned)
         ok = np.isfinite(error)
         error = np.clip(np.where(ok, error, 0.0), -self.max_error, self.max_error)
         square, one = error * error, np.ones_like(error)
-        self._sums = np.where(ok, self._sums * self._decay + np.stack([one, one, square, square * square]),
-                              self._sums)
+        self._moments = np.where(ok, self._moments * self._decay + np.stack([one, one, square, square * square]),
+                              self._moments)
 
     @property
     def spread(self):
         """Each worker's planning-error spread (standard deviation of the log error); 0 before any error."""
-        weight, weight2, s2, s4 = self._sums
+        weight, weight2, s2, s4 = self._moments
         seen = weight > 0
         if not seen.any():
             return np.zeros(weight.size)

@@ -34,7 +34,7 @@ def test_workers_alike_in_truth_share_one_spread_despite_sampling_noise():
         errors.plan(step, speeds)
         straggle = np.where(rng.random(16) < 0.01, np.log(0.5), 0.0)
         errors.observe(step, speeds * np.exp(rng.normal(0.0, 0.03, 16) + straggle))
-    weight, _, squares, _ = errors.state()["_sums"]
+    weight, _, squares, _ = errors.state()["_moments"]
     raw = np.sqrt(squares / weight)
     assert np.ptp(errors.spread) < 0.25 * np.ptp(raw), (errors.spread, raw)
 
@@ -84,11 +84,11 @@ def test_state_round_trip_and_newcomers_start_without_errors():
     grown = PlanningError()
     grown.start(2)
     grown.load_state(remap_workers(errors.state(), np.array([0, -1]), 2, PlanningError.EMPTY))
-    weight, _, squares, _ = errors.state()["_sums"]
+    weight, _, squares, _ = errors.state()["_moments"]
     assert grown.spread[1] == pytest.approx(np.sqrt(squares[0] / weight[0]))  # the one who stayed
     assert grown.state()["_planned"][50].tolist() == [100.0, 100.0]
     with pytest.raises(ValueError, match="for 1 workers"):
-        PlanningError().load_state(PlanningError().state() | {"_sums": np.zeros((4, 3))})
+        PlanningError().load_state(PlanningError().state() | {"_moments": np.zeros((4, 3))})
 
 
 def test_an_lbbsp_state_from_before_planning_errors_is_refused_by_name():
