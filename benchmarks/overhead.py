@@ -2,7 +2,9 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25]
 
-Plain Horovod (hvd.DistributedOptimizer, a static shard, equal batches) and
+The same model without any collective (`local`: a plain optimizer, each rank
+training alone on its shard, so the rest of a step is the allreduce), plain
+Horovod (hvd.DistributedOptimizer, a static shard, equal batches) and
 lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
 ahead, off the critical path) and lbbsp+NARX with plan_ahead=0 (decision on
 the critical path) train the same model on identical workers, interleaved
@@ -10,9 +12,10 @@ over several rounds in the same processes, so machine noise hits all alike.
 With --quota every rank runs under that cgroup CPU quota (cores), where each
 millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
 Reported per variant: the median steady-state step time (warm-up steps
-dropped), the extra milliseconds per step over plain Horovod and their share
-of its step time, the plugin's median time on the critical path, and the
-median time of its background work (the decision; the forecast is on the critical path).
+dropped), the range of the per-round medians, the extra milliseconds per
+step over plain Horovod and their share of its step time, the plugin's
+median time on the critical path, and the median time of its background
+work (the decision; the forecast is on the critical path).
 """
 import argparse
 import sys
@@ -20,7 +23,7 @@ import time
 
 import numpy as np
 
-VARIANTS = ("horovod", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline")
+VARIANTS = ("local", "horovod", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline")
 
 
 def main(argv=None):
@@ -64,8 +67,9 @@ def main(argv=None):
         model = build_model("mlp", hidden=args.hidden, seed=0)
         clock = StepClock()
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
-        if variant == "horovod":
-            model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss=loss)
+        if variant in ("local", "horovod"):
+            optimizer = tf.keras.optimizers.SGD(0.01)
+            model.compile(optimizer=optimizer if variant == "local" else hvd.DistributedOptimizer(optimizer), loss=loss)
             sx, sy = x[rank::size], y[rank::size]
 
             def batches():
@@ -91,12 +95,14 @@ def main(argv=None):
                                       float(np.median([r["background"] for r in rows])))
 
     times = {v: [] for v in VARIANTS}
+    rounds = {v: [] for v in VARIANTS}
     costs = {v: [] for v in VARIANTS}
     try:
         for _ in range(args.rounds):
             for variant in VARIANTS:
                 t, c = run(variant)
                 times[variant].extend(t)
+                rounds[variant].append(1e3 * float(np.median(t)))
                 costs[variant].append(c)
     finally:
         if quota is not None:
@@ -106,16 +112,18 @@ def main(argv=None):
         where = f"each rank under a {args.quota}-core quota" if args.quota else "each rank on its own core"
         print(f"{size} workers ({where}), per-worker batch {args.batch}, mlp hidden {args.hidden}, {args.rounds} "
               f"rounds x {args.steps - warmup - 1} steady steps per variant, interleaved")
-        print(f"{'variant':<19}{'step ms':>9}{'extra ms':>10}{'extra %':>9}{'critical-path ms':>18}"
-              f"{'background ms':>15}")
+        print(f"{'variant':<19}{'step ms':>9}{'rounds [min-max]':>18}{'extra ms':>10}{'extra %':>9}"
+              f"{'critical-path ms':>18}{'background ms':>15}")
         for variant in VARIANTS:
             step = float(np.median(times[variant]))
-            if variant == "horovod":
-                print(f"{variant:<19}{1e3 * step:>9.2f}{'-':>10}{'-':>9}{'-':>18}{'-':>15}")
+            spread = f"[{min(rounds[variant]):.2f}-{max(rounds[variant]):.2f}]"
+            head = f"{variant:<19}{1e3 * step:>9.2f}{spread:>18}{1e3 * (step - base):>+10.2f}" \
+                   f"{100 * (step / base - 1):>+8.1f}%"
+            if variant in ("local", "horovod"):
+                print(f"{head}{'-':>18}{'-':>15}")
                 continue
             path, background = np.nanmedian(np.array(costs[variant]), axis=0)
-            print(f"{variant:<19}{1e3 * step:>9.2f}{1e3 * (step - base):>+10.2f}{100 * (step / base - 1):>+8.1f}%"
-                  f"{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
+            print(f"{head}{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
     return 0
 
 

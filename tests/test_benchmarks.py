@@ -173,6 +173,24 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     assert (tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "steps_rank1.csv").exists()
 
 
+def test_pipeline_benchmark_compares_both_pipelines_without_horovod(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--samples", "128", "--batch", "16",
+                           "--rounds", "1", "--dir", str(tmp_path / "images")], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = re.findall(r"^(images|trivial)\s+([01])\s+([\d.]+) \[.*?\]\s+([\d.]+) \[.*?\]\s+([+-][\d.]+)$",
+                      proc.stdout, flags=re.M)
+    assert len(rows) == 4, proc.stdout[-2000:]
+    for _, _, horovod, lbbsp, extra in rows:
+        assert float(horovod) > 0 and float(lbbsp) > 0
+        assert abs(float(lbbsp) - float(horovod) - float(extra)) < 0.011
+    assert len(list((tmp_path / "images").glob("*.png"))) == 128
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.pipeline", "--batch", "0"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert bad.returncode == 2 and "--batch=0" in bad.stdout
+
+
 @pytest.mark.skipif(not __import__("benchmarks.contention").contention.cgroups_writable(),
                     reason="the elastic benchmark sets per-worker CPU quotas: needs root and a writable cgroup")
 def test_elastic_benchmark_runs_a_join_and_a_kill_and_reports_both(tmp_path):

@@ -27,12 +27,14 @@ def _spec(leaf):
 class BalancedFeed(BatchFeed):
     """lbbsp.feed.BatchFeed bound to this Horovod rank, with `dataset()` for `model.fit`.
 
-    Call `hvd.init()` first.
+    Call `hvd.init()` first, or pass `rank` and `size`.
     """
 
     def __init__(self, x, y=None, *, global_batch, **kwargs):
-        kwargs.setdefault("rank", hvd.rank())
-        kwargs.setdefault("size", hvd.size())
+        if "rank" not in kwargs:
+            kwargs["rank"] = hvd.rank()
+        if "size" not in kwargs:
+            kwargs["size"] = hvd.size()
         super().__init__(x, y, global_batch=global_batch, **kwargs)
 
     @classmethod
