@@ -25,8 +25,6 @@ import time
 
 import numpy as np
 
-VARIANTS = ("horovod", "lbbsp")
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,7 +81,7 @@ def main(argv=None):
         return elapsed
 
     runs = {"horovod": horovod, "lbbsp": lbbsp}
-    cases = [(variant, load, prefetch) for load in loaders for prefetch in (1, 0) for variant in VARIANTS]
+    cases = [(variant, load, prefetch) for load in loaders for prefetch in (1, 0) for variant in runs]
     times = {case: [] for case in cases}
     for case in cases:  # warm-up: tracing and the file cache
         runs[case[0]](loaders[case[1]], case[2])
@@ -96,7 +94,7 @@ def main(argv=None):
     print(f"{'load':<9}{'prefetch':>9}{'horovod':>22}{'lbbsp':>22}{'lbbsp extra':>13}")
     for load in loaders:
         for prefetch in (1, 0):
-            runs_of = {v: times[(v, load, prefetch)] for v in VARIANTS}
+            runs_of = {v: times[(v, load, prefetch)] for v in runs}
             med = {v: float(np.median(t)) for v, t in runs_of.items()}
             cells = "".join(f"{med[v]:.2f} [{min(t):.2f}-{max(t):.2f}]".rjust(22) for v, t in runs_of.items())
             print(f"{load:<9}{prefetch:>9}{cells}{med['lbbsp'] - med['horovod']:>+13.2f}")

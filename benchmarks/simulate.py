@@ -127,6 +127,7 @@ class Cluster:
         self.noise = np.log(self.speed / self.mean)
         self.offset, self.comm, self.profile = float(offset), comm, profile
         self.num_workers, self.steps = num_workers, steps
+        self._best = {}
 
     def compute_times(self, step, batches):
         return (self.offset + batches) / self.speed[step]
@@ -139,10 +140,16 @@ class Cluster:
         """(offsets, speeds to plan with) from the mean speeds and the noise spread: the mean oracle's view."""
         return np.full(self.num_workers, self.offset), tail_speeds(self.mean[min(step, self.steps)], self.spread)
 
-    def best_step(self, step, global_batch):
-        """The shortest compute time any split reaches at `step` (knowing the draw)."""
-        k, v = self.truth(step)
-        return predicted_time(allocate(v, global_batch, offsets=k), v, k)
+    def best_steps(self, global_batch):
+        """Per step, the shortest compute time any split reaches (knowing the draw); computed once per batch,
+        since every policy run and the noise statistics compare against the same figures."""
+        if global_batch not in self._best:
+            times = []
+            for step in range(self.steps):
+                k, v = self.truth(step)
+                times.append(predicted_time(allocate(v, global_batch, offsets=k), v, k))
+            self._best[global_batch] = np.array(times)
+        return self._best[global_batch]
 
 
 def noise_stats(cluster, global_batch):
@@ -152,7 +159,7 @@ def noise_stats(cluster, global_batch):
     centred = z - z.mean(axis=0)
     lag1 = (centred[1:] * centred[:-1]).sum(axis=0) / np.maximum((centred ** 2).sum(axis=0), 1e-12)
     floor = (cluster.offset + 1.0) / cluster.speed.min(axis=1)
-    best = np.array([cluster.best_step(t, global_batch) for t in range(cluster.steps)])
+    best = cluster.best_steps(global_batch)
     return {"spread": float(np.median(z.std(axis=0))), "p99": float(np.percentile(np.abs(z), 99)),
             "lag1": float(np.median(lag1)), "floor": float(np.mean(floor[:-1] >= best * (1 - 1e-9)))}
 
@@ -179,13 +186,14 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     plans = controller.start(n, np.full(steps_per_epoch, global_batch))
     forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
+    best = cluster.best_steps(global_batch)
     eta, step_time, decide = [], [], []
     for t in range(cluster.steps):
         epoch, step = divmod(t, steps_per_epoch)
         batches = plans.pop((epoch, step))
         compute = cluster.compute_times(t, batches)
         step_time.append(compute.max() + cluster.comm)
-        eta.append(cluster.best_step(t, global_batch) / compute.max())
+        eta.append(best[t] / compute.max())
         gathered[:, 1] = compute.max() - compute + cluster.comm
         gathered[:, 2] = compute
         if forecasters is not None:

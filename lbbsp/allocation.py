@@ -258,15 +258,15 @@ class Rebalancer:
         """
         if jumped is not None and np.any(jumped):
             self.start(self._step.size)
-        current = np.asarray(current, dtype=np.int64)
+        current, target = np.asarray(current, dtype=np.int64), np.asarray(target)
         if np.array_equal(target, current):
             return current.copy()
         # A worker held at its lower bound in both splits finishes when it finishes under either; when it is
         # the slowest, comparing maxima would see no gain and keep a stale split for all the others.
-        free = (np.asarray(target) > lower) | (current > lower)
+        free = (target > lower) | (current > lower)
         speeds, offsets = speeds[free], np.broadcast_to(offsets, free.shape)[free]
         now = _finish(current[free], speeds, offsets)
-        best = _finish(np.asarray(target)[free], speeds, offsets)
+        best = _finish(target[free], speeds, offsets)
         if now <= 0 or (now - best) / now <= self.min_gain:
             return current.copy()
         delta = (target - current).astype(np.float64)
