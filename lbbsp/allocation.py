@@ -83,17 +83,23 @@ def sanitize(values, fallback=None, positive=True):
     return v
 
 
-def _filled(T, lo_bp, hi_bp, v, base):
-    """f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) at every T, by sorted breakpoints (O(N log N))."""
-    out = np.full(T.shape, base)
-    for bp, sign in ((lo_bp, 1.0), (hi_bp, -1.0)):
-        order = np.argsort(bp, kind="stable")
-        srt = bp[order]
-        cum_v = np.concatenate([[0.0], np.cumsum(v[order])])
-        cum_w = np.concatenate([[0.0], np.cumsum(v[order] * srt)])
-        n = np.searchsorted(srt, T, side="left")
-        out += sign * (T * cum_v[n] - cum_w[n])
-    return out
+def _filled_at_breakpoints(lo_bp, hi_bp, v, base):
+    """Sorted breakpoints T_j and f(T_j) = sum_i clip(v_i T_j - k_i, lower_i, upper_i), by one sort (O(N log N)).
+
+    Worker i adds slope v_i to f between its breakpoints lo_bp_i (leaves its lower bound) and hi_bp_i
+    (reaches its upper bound), so f is piecewise linear: the running sum of those slope changes gives
+    the slope of every segment, and f at each breakpoint is `base` (= sum of the lower bounds, f at the
+    first breakpoint) plus the areas of the segments before it.
+    """
+    points = np.concatenate([lo_bp, hi_bp])
+    order = np.argsort(points, kind="stable")
+    points = points[order]
+    slope = np.maximum(np.cumsum(np.concatenate([v, -v])[order]), 0.0)  # clipped: rounding must not bend f down
+    f = np.empty_like(points)
+    f[0] = base
+    np.cumsum(slope[:-1] * np.diff(points), out=f[1:])
+    f[1:] += base
+    return points, f
 
 
 def continuous_split(offsets, speeds, total, lower, upper):
@@ -108,10 +114,7 @@ def continuous_split(offsets, speeds, total, lower, upper):
         return b, T
     # f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) is piecewise linear and non-decreasing;
     # find T with f(T) = total among the breakpoints where a worker leaves or reaches a bound.
-    lo_bp = (lower + k) / v
-    hi_bp = (upper + k) / v
-    cand = np.unique(np.concatenate([lo_bp, hi_bp]))
-    f = _filled(cand, lo_bp, hi_bp, v, float(lower.sum()))
+    cand, f = _filled_at_breakpoints((lower + k) / v, (upper + k) / v, v, float(lower.sum()))
     j = int(np.searchsorted(f, total - 1e-9 * max(total, 1.0)))
     if j >= cand.size:
         return upper.astype(np.float64), float(cand[-1])
@@ -249,6 +252,23 @@ class Rebalancer:
         """Forget past moves (undamped steps)."""
         self._step = np.ones(num_workers)
         self._last_dir = np.zeros(num_workers, dtype=np.int64)
+
+    def keeps(self, current, speeds, offsets, lower, jumped=None):
+        """True when `update` would keep `current` whatever the target, so the allocation can be skipped.
+
+        That holds when every worker is above its lower bound (all of them then count in `update`'s
+        comparison) and the current predicted step is within `min_gain` of (B + sum k_i) / sum v_i, the
+        continuous optimum without bounds, which no split beats. Restarts the damping on `jumped` as
+        `update` does. Arguments as in `update`.
+        """
+        if jumped is not None and np.any(jumped):
+            self.start(self._step.size)
+        current = np.asarray(current)
+        if not np.all(current > lower):
+            return False
+        now = _finish(current, speeds, offsets)
+        bound = (float(current.sum()) + float(np.sum(offsets))) / float(np.sum(speeds))
+        return now > 0 and (now - bound) / now <= self.min_gain
 
     def update(self, current, target, speeds, offsets, lower, upper, jumped=None):
         """The batches to use next: `target` (or a damped move towards it), or `current` if the gain is too small.

@@ -341,9 +341,11 @@ class LBBSPPolicy(Policy):
             _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)
             self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
         _, lower, upper = self._bounds
-        target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches, max_change=trust)
-        self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
-                                              jumped=self.model.changed)
+        if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
+            target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
+                                    max_change=trust)
+            self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
+                                                  jumped=self.model.changed)
         self._speeds = speeds
         return self.resize(next_global_batch)
 

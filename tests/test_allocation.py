@@ -209,6 +209,33 @@ def test_rebalancer_moves_the_others_when_a_worker_at_its_lower_bound_is_the_slo
     assert r.update(target, target.copy(), speeds, offsets, lower, upper).tolist() == target.tolist()
 
 
+@given(problems(), st.floats(0.0, 0.2), st.integers(0, 10**6))
+@settings(max_examples=400, deadline=None)
+def test_rebalancer_keeps_only_what_update_would_keep(problem, min_gain, seed):
+    # `keeps` lets a policy skip the allocation; it must never skip a move `update` would make.
+    v, k, global_batch, b_min, b_max = problem
+    rng = np.random.default_rng(seed)
+    k = np.zeros(v.size) if k is None else k
+    lower = np.full(v.size, b_min, np.int64)
+    upper = np.full(v.size, global_batch, np.int64) if b_max is None else b_max.astype(np.int64)
+    best = allocate(v, global_batch, b_min, b_max, offsets=k)
+    current = best if rng.random() < 0.5 else allocate(v * rng.uniform(0.9, 1.1, v.size), global_batch, b_min,
+                                                       b_max, offsets=k)
+    r = Rebalancer(min_gain=min_gain)
+    r.start(v.size)
+    if r.keeps(current, v, k, lower):
+        assert r.update(current, best, v, k, lower, upper).tolist() == current.tolist()
+
+
+def test_rebalancer_keeps_a_balanced_split_and_not_an_unbalanced_one():
+    r = Rebalancer(min_gain=0.02)
+    r.start(2)
+    v, k, lower = np.array([1.0, 1.0]), np.zeros(2), np.ones(2, np.int64)
+    assert r.keeps(np.array([50, 50]), v, k, lower) and r.keeps(np.array([51, 49]), v, k, lower)
+    assert not r.keeps(np.array([60, 40]), v, k, lower)
+    assert not r.keeps(np.array([1, 99]), np.array([0.01, 1.0]), k, lower)  # a worker at its bound: allocate
+
+
 def test_rebalancer_bad_arguments():
     with pytest.raises(ValueError, match="min_gain=1.5"):
         Rebalancer(min_gain=1.5)
