@@ -6,10 +6,12 @@
   with t_i each worker's compute time (1.0 when every worker finishes together);
 - idle_fraction: time blocked in the allreduce over wall time, all ranks together;
 - straggler: mean over steps of (max t_i - min t_i) / mean t_i;
-- breakdown: per rank, mean milliseconds per step of compute, allreduce (the
-  blocked time of the last rank to be ready, which waits for no one), waiting
-  for slower ranks (the rest of the blocked time), the plugin's own work, and
-  the time the worker's cgroup was throttled (inside compute or allreduce).
+- breakdown: per rank, mean milliseconds per step of compute (as the balancer
+  sees it, lbbsp.exchange: the previous step's forecast included), allreduce
+  (the blocked time of the last rank to be ready, which waits for no one),
+  waiting for slower ranks (the rest of the blocked time), the plugin's own
+  work, and the time the worker's cgroup was throttled (inside compute or
+  allreduce).
 """
 import math
 

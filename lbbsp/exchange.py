@@ -7,8 +7,10 @@ N x len(FIELDS) matrix of zeros, so the sum holds every rank's row). Fields:
   step (samples/s at zero fixed cost, see lbbsp.steptime), NaN when its
   policy forecasts nothing;
 - ``wait``: seconds this worker spent blocked in the previous step's allreduce;
-- ``compute``: seconds this worker was busy in this step, from the end of the
-  previous allreduce to the moment its gradients were ready.
+- ``compute``: seconds this worker was busy in this step before it could join
+  the allreduce: from the end of the previous allreduce to the moment its
+  gradients were ready, plus the plugin's own work between those two moments
+  in the previous step (the forecast, lbbsp.keras.optimizer).
 
 Everything else a decision needs (the batch sizes) is already known to every
 rank, so nothing else travels.

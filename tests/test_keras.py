@@ -144,6 +144,27 @@ def test_failing_predictor_falls_back_with_one_warning(caplog):
     assert all(np.isfinite(r["forecast"]) for r in balancer.history[1:]), "fell back to the measured speed"
 
 
+def test_a_slow_forecast_counts_in_the_next_steps_compute_time():
+    # The forecast runs after the compute clock stops but delays this worker's entry into the allreduce:
+    # the next step's exchanged compute time carries it, so the balancer sees what the worker costs.
+    import time
+
+    class Slow(SpeedPredictor):
+        name = "slow"
+
+        def _forecast(self):
+            time.sleep(0.03)
+            return self.history.last_valid()
+
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed, predictor=Slow(), warmup_steps=0)
+    fit(tiny(), feed, balancer, epochs=2)
+    compute = np.array([r["compute"] for r in balancer.history])
+    wait = np.array([r["wait"] for r in balancer.history])
+    assert compute[2:].min() >= 0.03, compute  # the first two steps trace the train function
+    assert np.nanmax(wait) < 0.03, "the forecast is not blocked time in the allreduce"
+
+
 def test_a_custom_policy_plugs_in():
     class Halves(Policy):
         name = "halves"

@@ -97,6 +97,46 @@ def test_too_little_history_and_nan_fall_back_to_ema():
     assert np.isfinite(p.forecast()) and p.fallbacks == before + 1, "a NaN speed in the window: EMA forecast"
 
 
+def _biased_narx():
+    """A NARX whose readout always forecasts 30% above the level: a model that does not fit any worker."""
+    p = random_narx()
+    p._readout_w[:] = 0.0
+    p._readout_b = float(np.log(1.3))
+    return p
+
+
+def test_the_last_speed_takes_over_from_a_model_that_forecasts_worse():
+    p = _biased_narx()
+    speeds = 50.0 * np.exp(np.linspace(0.0, 0.2, 80))  # a slow, noiseless drift: the last value is nearly exact
+    out = feed(p, speeds)
+    assert p.persisted > 60
+    np.testing.assert_allclose(out[-20:], speeds[-20:])
+    # The model's errors are still scored while the last value is used: on a series that alternates
+    # between two speeds the last value is always wrong by 2x, and the model's forecast returns.
+    alternating = np.where(np.arange(120) % 2 == 0, 40.0, 80.0)
+    before = p.persisted
+    out = feed(p, alternating)
+    assert p.persisted - before < 60 and not np.allclose(out[-20:], alternating[-20:])
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_pickled_predictor_continues_exactly_and_an_older_pickle_still_forecasts(online):
+    import pickle
+
+    p = load_default("narx", online=online)
+    speeds = 50 * np.exp(np.cumsum(rng.normal(0, 0.05, 80)))
+    feats = rng.uniform(0, 1, (80, len(FEATURES)))
+    feed(p, speeds[:40], feats[:40])
+    copy = pickle.loads(pickle.dumps(p))
+    np.testing.assert_array_equal(feed(copy, speeds[40:], feats[40:]), feed(p, speeds[40:], feats[40:]))
+    # As saved by the previous release: two scored errors, no `persisted`, no prepared GRU weights.
+    state = dict(p.__getstate__(), _errors=p._errors[:2])
+    state.pop("persisted")
+    old = NARXPredictor.__new__(NARXPredictor)
+    old.__setstate__(state)
+    assert np.isfinite(feed(old, speeds[:20], feats[:20])).all() and old.persisted >= 0
+
+
 def test_nan_readings_are_replaced_by_neutral_values():
     p = random_narx()
     speeds = rng.uniform(9, 11, 20)

@@ -354,7 +354,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 "(a custom train_step must call optimizer.minimize or optimizer.compute_gradients)"
             )
         compute, offset, forecast, features, local_cost = self._local
-        wait = state.done - state.ready
+        wait = state.done - state.joined
         row = dict(
             time=t_end, epoch=self._epoch, step=step, rank=self.rank, workers=self.size,
             global_batch=int(self._sizes.sum()),

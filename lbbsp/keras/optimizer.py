@@ -49,7 +49,8 @@ class BalanceState:
         self._rows = exchange.empty(self.size, np.float32, 0.0)
         self.gathered = exchange.empty(self.size)
         self.begin = None
-        self.ready = self.done = float("nan")
+        self.ready = self.joined = self.done = float("nan")
+        self.local_cost = 0.0
 
     def set_scale(self, value):
         """Scale of this worker's gradient in the next step (b_i / B); a variable write only on change."""
@@ -63,12 +64,21 @@ class BalanceState:
         self.begin = time.time() if now is None else now
 
     def on_ready(self):
-        """Graph callback when the local gradients exist: this worker's row in an (N, fields) matrix of zeros."""
-        wait = self.done - self.ready  # blocked in the previous step's allreduce (NaN at the first step)
+        """Graph callback when the local gradients exist: this worker's row in an (N, fields) matrix of zeros.
+
+        The compute time is the busy time before this worker can join the allreduce: from the end of
+        the previous one to now, plus what `on_local` took in the previous step (it runs after this
+        clock stops, but delays the worker's entry into the collective just the same; on a worker
+        under a small CPU quota a forecast's fraction of a millisecond of CPU takes several of wall
+        time). A balancer that left it out would give that worker too much.
+        """
+        wait = self.done - self.joined  # blocked in the previous step's allreduce (NaN at the first step)
         self.ready = time.time()
         begin = self.begin if self.begin is not None else self.ready
-        compute = self.ready - begin
+        compute = self.ready - begin + self.local_cost
         local = self.on_local(compute) if self.on_local is not None else {}
+        self.joined = time.time()
+        self.local_cost = self.joined - self.ready
         return exchange.pack_local(self._rows, self.rank, compute=compute, wait=wait, **local)
 
     def on_done(self, gathered):
