@@ -11,7 +11,11 @@
   (the blocked time of the last rank to be ready, which waits for no one),
   waiting for slower ranks (the rest of the blocked time), the plugin's own
   work, and the time the worker's cgroup was throttled (inside compute or
-  allreduce).
+  allreduce);
+- recovery: for each change of a worker's injected contention (the scenario's
+  state, recorded per step by the benchmark worker), the step efficiency T*/T
+  at that step and the RECOVERY_STEPS - 1 steps after it. With plan_ahead = 1
+  the split that first knows of a change runs two steps after it.
 """
 import math
 
@@ -19,7 +23,9 @@ import numpy as np
 
 from lbbsp.metrics import summarize_steps
 
-__all__ = ["summarize", "step_matrix", "breakdown"]
+__all__ = ["summarize", "step_matrix", "breakdown", "recovery", "RECOVERY_STEPS"]
+
+RECOVERY_STEPS = 8
 
 
 def step_matrix(histories, field, skip_epochs=1):
@@ -51,6 +57,22 @@ def breakdown(histories, skip_epochs=1):
     return {name: [round(1e3 * float(v), 3) for v in np.nanmean(m, axis=0)] for name, m in parts.items()}
 
 
+def recovery(histories, skip_epochs=1, steps=RECOVERY_STEPS):
+    """Per change of contention after the skipped epochs, the step efficiency from that step on (see the
+    module docstring): a list of lists of `steps` values; [] without changes or records."""
+    batches = step_matrix(histories, "batch_size", skip_epochs)
+    if not batches.size:
+        return []
+    compute = step_matrix(histories, "compute", skip_epochs)
+    state = np.concatenate([step_matrix(histories, "state_speed", skip_epochs),
+                            step_matrix(histories, "state_hog", skip_epochs)], axis=1)
+    with np.errstate(all="ignore"):
+        eta = batches.sum(axis=1) / np.sum(batches / compute, axis=1) / compute.max(axis=1)
+    changed = np.any(state[1:] != state[:-1], axis=1) & np.all(np.isfinite(state[1:]), axis=1)
+    return [[round(float(v), 4) for v in eta[i:i + steps]] for i in np.flatnonzero(changed) + 1
+            if i + steps <= eta.size]
+
+
 def summarize(histories, epochs, num_samples, steps_per_epoch):
     """Figures of a run: `histories` per rank (lists of step records), `epochs` per-epoch dicts."""
     times = [e["time"] for e in epochs]
@@ -77,8 +99,10 @@ def summarize(histories, epochs, num_samples, steps_per_epoch):
             mean_batch=[float(v) for v in batches.mean(axis=0)],
             overhead_ms=1e3 * float(np.median(step_matrix(histories, "overhead"))),
             breakdown=breakdown(histories),
+            recovery=recovery(histories),
         )
     else:
         out.update(efficiency=float("nan"), straggler=float("nan"), idle_fraction=float("nan"),
-                   compute_share=float("nan"), mean_batch=None, overhead_ms=float("nan"), breakdown={})
+                   compute_share=float("nan"), mean_batch=None, overhead_ms=float("nan"), breakdown={},
+                   recovery=[])
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

@@ -8,7 +8,10 @@ that no variant always follows the same one); the oracle runs last in a round,
 with the step-time curves measured so far in this comparison. Every table
 shows plain Horovod first, medians over the rounds with their min-max spread,
 and speedups relative to plain Horovod; a difference smaller than the spread
-is called a tie. Writes under --out/<scenario>/: one folder per variant and
+is called a tie. Below the main table: where each step's time goes per
+rank, and for scenarios whose contention changes, the step efficiency at
+each step after a change (benchmarks.analysis.recovery). Writes under
+--out/<scenario>/: one folder per variant and
 round (per-rank step CSVs, summary.json, log), curves.json, table.md,
 results.json and PNG plots.
 """
@@ -159,6 +162,24 @@ def breakdown_table(results):
     return "\n".join(lines)
 
 
+def recovery_table(results, threshold=0.9):
+    """Markdown: per variant, the median step efficiency at each step after a change of contention (over
+    every change of every round), and the first step from which it stays >= threshold; "" without changes."""
+    changes = {label: np.array([seq for r in runs for seq in r.get("recovery") or []]) for label, runs in results.items()}
+    changes = {label: rows for label, rows in changes.items() if rows.size}
+    if not changes:
+        return ""
+    steps = next(iter(changes.values())).shape[1]
+    lines = [f"| variant | changes | " + " | ".join(f"+{k}" for k in range(steps)) + f" | >= {threshold} from |",
+             "|" + "---|" * (steps + 3)]
+    for label, rows in changes.items():
+        median = np.median(rows, axis=0)
+        back = next((k for k in range(steps) if np.all(median[k:] >= threshold)), None)
+        lines.append(f"| {label} | {len(rows)} | " + " | ".join(f"{v:.2f}" for v in median) +
+                     f" | {'-' if back is None else f'+{back}'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="static-4", help=f"one of {list_scenarios()} or a YAML path")
@@ -218,6 +239,10 @@ def main(argv=None):
             print(f"no reachable ideal: {exc}", file=sys.stderr)
     text = table(results, scenario, ideals) + "\n\nPer-step breakdown (ms, median over rounds):\n\n" + \
         breakdown_table(results)
+    recovered = recovery_table(results)
+    if recovered:
+        text += ("\n\nStep efficiency after each change of contention (median over changes; +0 is the step of the "
+                 "change, and with plan_ahead=1 the first split that knows of it runs at +2):\n\n" + recovered)
     if ideals:
         text += (f"\n\nReachable ideal: the best split under each worker's step-time curve measured in this run "
                  f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); best static split "

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.analysis import breakdown, summarize
+from benchmarks.analysis import breakdown, recovery, summarize
 from benchmarks.oracle import CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.scenario import Scenario, list_scenarios
@@ -69,6 +69,23 @@ def test_summary_figures_and_breakdown_from_histories():
     parts = breakdown(histories)
     assert parts["allreduce"] == [100.0, 100.0] and parts["waiting"] == [500.0, 0.0]
     assert parts["compute"] == [500.0, 1000.0] and parts["plugin"] == [0.1, 0.1]
+
+
+def test_recovery_follows_the_step_efficiency_from_each_change_of_contention():
+    n = 12
+    speeds = [1.0] * 3 + [0.25] * 6 + [1.0] * 3  # worker 1 slowed at step 3, restored at step 9
+    computes = [1.0] * 3 + [4.0, 4.0] + [1.0] * 7  # its batch is cut two steps after the change
+    batches = [10] * 5 + [2.5] * 4 + [10] * 3
+    fast = rows([10] * n, [1.0] * n, [0.0] * n)
+    slow = rows(batches, computes, [0.0] * n)
+    for row in fast:
+        row.update(state_speed=1.0, state_hog=False)
+    for i, row in enumerate(slow):
+        row.update(state_speed=speeds[i], state_hog=False)
+    out = recovery([fast, slow], skip_epochs=1, steps=4)
+    assert out == [[pytest.approx(0.4), pytest.approx(0.4), 1.0, 1.0]], "the change at 9 has too few steps after it"
+    assert len(recovery([fast, slow], skip_epochs=1, steps=3)) == 2
+    assert recovery([rows([10], [1.0], [0.0])] * 2) == [], "no recorded states, no changes"
 
 
 def test_curves_oracle_and_reachable_ideal():
@@ -153,8 +170,9 @@ def test_progress_prints_one_line_per_unit_in_a_log(capsys):
 
 def test_compare_runs_policies_under_horovodrun(tmp_path):
     scenario = tmp_path / "tiny.yaml"
-    scenario.write_text("name: tiny\nworkers: 2\nworkload: mlp\nglobal_batch: 256\nnum_samples: 2048\nepochs: 2\n"
-                        "hidden: 64\nscale: 1.0\nspeeds: [1, 0.5]\n")
+    scenario.write_text("name: tiny\nworkers: 2\nworkload: mlp\nglobal_batch: 256\nnum_samples: 4096\nepochs: 2\n"
+                        "hidden: 64\nscale: 1.0\nspeeds: [1, 0.5]\nperiod: 16\n"
+                        "events:\n  - {step: 2, worker: 1, speed: 0.25}\n  - {step: 12, worker: 1, speed: 0.5}\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--variants",
                            "horovod,equal,lbbsp-narx,oracle", "--repeats", "2", "--out", str(tmp_path / "out"),
@@ -169,6 +187,8 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     assert set(results) == {"horovod", "equal", "lbbsp-narx", "oracle"} and all(len(r) == 2 for r in results.values())
     assert results["lbbsp-narx"][0]["heterogeneity"].startswith("emulated")
     assert results["oracle"][1]["mean_batch"][1] < results["oracle"][1]["mean_batch"][0]
+    assert [len(seq) for seq in results["lbbsp-narx"][0]["recovery"]] == [8], "one change with 8 steps after it"
+    assert "Step efficiency after each change of contention" in out and "| lbbsp-narx | 2 |" in out
     assert (tmp_path / "out" / "tiny" / "epoch_time_and_idle.png").stat().st_size > 1000
     assert (tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "steps_rank1.csv").exists()
 
