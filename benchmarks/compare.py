@@ -165,12 +165,13 @@ def breakdown_table(results):
 def recovery_table(results, threshold=0.9):
     """Markdown: per variant, the median step efficiency at each step after a change of contention (over
     every change of every round), and the first step from which it stays >= threshold; "" without changes."""
-    changes = {label: np.array([seq for r in runs for seq in r.get("recovery") or []]) for label, runs in results.items()}
+    changes = {label: np.array([seq for r in runs for seq in r.get("recovery") or []])
+               for label, runs in results.items()}
     changes = {label: rows for label, rows in changes.items() if rows.size}
     if not changes:
         return ""
     steps = next(iter(changes.values())).shape[1]
-    lines = [f"| variant | changes | " + " | ".join(f"+{k}" for k in range(steps)) + f" | >= {threshold} from |",
+    lines = ["| variant | changes | " + " | ".join(f"+{k}" for k in range(steps)) + f" | >= {threshold} from |",
              "|" + "---|" * (steps + 3)]
     for label, rows in changes.items():
         median = np.median(rows, axis=0)

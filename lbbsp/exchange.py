@@ -9,8 +9,8 @@ N x len(FIELDS) matrix of zeros, so the sum holds every rank's row). Fields:
 - ``wait``: seconds this worker spent blocked in the previous step's allreduce;
 - ``compute``: seconds this worker was busy in this step before it could join
   the allreduce: from the end of the previous allreduce to the moment its
-  gradients were ready, plus the plugin's own work between those two moments
-  in the previous step (the forecast, lbbsp.keras.optimizer).
+  gradients were ready, plus the plugin's work that followed that moment in
+  the previous step (the forecast, lbbsp.keras.optimizer).
 
 Everything else a decision needs (the batch sizes) is already known to every
 rank, so nothing else travels.
