@@ -1,6 +1,7 @@
 """Keras tests in one process (Horovod size 1): the callback, the optimizer wrapper and the feed on a tiny model."""
 import csv
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -147,8 +148,6 @@ def test_failing_predictor_falls_back_with_one_warning(caplog):
 def test_a_slow_forecast_counts_in_the_next_steps_compute_time():
     # The forecast runs after the compute clock stops but delays this worker's entry into the allreduce:
     # the next step's exchanged compute time carries it, so the balancer sees what the worker costs.
-    import time
-
     class Slow(SpeedPredictor):
         name = "slow"
 
