@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from lbbsp.metrics import summarize_steps
+from lbbsp.metrics import balanced_time, summarize_steps
 
 __all__ = ["summarize", "step_matrix", "breakdown", "recovery", "RECOVERY_STEPS"]
 
@@ -67,7 +67,7 @@ def recovery(histories, skip_epochs=1, steps=RECOVERY_STEPS):
     state = np.concatenate([step_matrix(histories, "state_speed", skip_epochs),
                             step_matrix(histories, "state_hog", skip_epochs)], axis=1)
     with np.errstate(all="ignore"):
-        eta = batches.sum(axis=1) / np.sum(batches / compute, axis=1) / compute.max(axis=1)
+        eta = balanced_time(batches, compute) / compute.max(axis=1)
     changed = np.any(state[1:] != state[:-1], axis=1) & np.all(np.isfinite(state[1:]), axis=1)
     return [[round(float(v), 4) for v in eta[i:i + steps]] for i in np.flatnonzero(changed) + 1
             if i + steps <= eta.size]

@@ -5,10 +5,14 @@ __all__ = ["balanced_time", "summarize_steps"]
 
 
 def balanced_time(batches, compute):
-    """T* = B / sum_i v_i with v_i = b_i / t_i: the compute time of a perfectly balanced step."""
+    """T* = B / sum_i v_i with v_i = b_i / t_i: the compute time of a perfectly balanced step.
+
+    One step (arrays of N): a float; several steps (arrays of shape (steps, N)): one T* per step.
+    """
     batches = np.asarray(batches, dtype=np.float64)
     compute = np.asarray(compute, dtype=np.float64)
-    return float(batches.sum() / np.sum(batches / compute))
+    ideal = batches.sum(axis=-1) / np.sum(batches / compute, axis=-1)
+    return float(ideal) if ideal.ndim == 0 else ideal
 
 
 def summarize_steps(batches, compute):
@@ -19,7 +23,7 @@ def summarize_steps(batches, compute):
     if not ok.any():
         return {"efficiency": float("nan"), "straggler": float("nan")}
     b, t = batches[ok], compute[ok]
-    ideal = b.sum(axis=1) / np.sum(b / t, axis=1)
+    ideal = balanced_time(b, t)
     actual = t.max(axis=1)
     straggler = (t.max(axis=1) - t.min(axis=1)) / t.mean(axis=1)
     return {"efficiency": float(ideal.sum() / actual.sum()), "straggler": float(straggler.mean())}
