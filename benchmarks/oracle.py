@@ -138,15 +138,15 @@ class OraclePolicy(Policy):
             raise ValueError(f"truth={truth!r} is not allowed: give a callable step -> (offsets, speeds)")
         self.truth = truth
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
-        super().start(num_workers, global_batch, b_min, b_max)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
+        super().start(num_workers, global_batch, b_min, b_max, multiple)
         self._next = 0
         self.batches = self._split(global_batch)
         return self.batches.copy()
 
     def _split(self, global_batch):
         k, v = self.truth(self._next)
-        return allocate(v, global_batch, self.b_min, self.b_max, offsets=k)
+        return self._allocate(v, global_batch, offsets=k)
 
     def after_step(self, stats, next_global_batch):
         self._next = stats.target

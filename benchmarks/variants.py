@@ -18,8 +18,14 @@ VARIANTS = {
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),
+    # batches on a grid of 8 samples (BalancedFeed batch_multiple=8): few batch shapes, each set up once
+    "pid-grid8": ("pid", None, ("--batch-multiple", "8")),
+    "lbbsp-ema-grid8": ("lbbsp", "ema", ("--batch-multiple", "8")),
+    "lbbsp-narx-grid8": ("lbbsp", "narx", ("--batch-multiple", "8")),
+    "lbbsp-last-grid8": ("lbbsp", "last", ("--batch-multiple", "8")),
 }
 
-#: Variants that only make sense in live runs.
-LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch")
-LIVE_DEFAULT = tuple(v for v in VARIANTS if v != "lbbsp-narx-noprefetch")
+#: Variants that only make sense in live runs (the simulator has no batch-shape set-up cost).
+LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "pid-grid8", "lbbsp-ema-grid8", "lbbsp-narx-grid8", "lbbsp-last-grid8")
+#: What `benchmarks.compare` runs by default: everything, and the grid for PID and lbbsp-narx.
+LIVE_DEFAULT = tuple(v for v in VARIANTS if v not in LIVE_ONLY or v in ("horovod", "pid-grid8", "lbbsp-narx-grid8"))

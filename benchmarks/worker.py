@@ -37,6 +37,8 @@ def parse(argv=None):
     parser.add_argument("--plan-ahead", type=int, default=1, help="lbbsp's plan_ahead (0 or more)")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="steps the images workload's input pipeline prepares ahead (<= --plan-ahead)")
+    parser.add_argument("--batch-multiple", type=int, default=1,
+                        help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed batch_multiple)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -208,9 +210,10 @@ def main(argv=None):
 
         if images:
             feed = lb.BalancedFeed.from_sample_fn(load, len(x), global_batch=scenario.global_batch, seed=args.seed,
-                                                  prefetch=args.prefetch)
+                                                  prefetch=args.prefetch, batch_multiple=args.batch_multiple)
         else:
-            feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed)
+            feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed,
+                                                 batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing

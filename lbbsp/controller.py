@@ -39,11 +39,12 @@ class BalanceController:
         model = self.policy.model
         return model.offsets if model is not None else np.zeros(self.size)
 
-    def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0):
+    def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0, multiple=1):
         """Reset per-run state; return {(epoch, step): batch sizes} of the first 1 + plan_ahead steps.
 
         `schedule`: the global batch of each step of an epoch, or an
         `lbbsp.sharding.EpochSchedule` (whose resumed epoch may be shorter).
+        `multiple`: the batch grid (lbbsp.allocation).
         """
         self.size = int(size)
         if not isinstance(schedule, EpochSchedule):
@@ -51,7 +52,7 @@ class BalanceController:
         self.schedule = schedule
         self.b_min, self.b_max = b_min, b_max
         epoch, step = schedule.after(epoch, step, 0)
-        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max)
+        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max, multiple)
         self.batch_sizes = np.asarray(first, dtype=np.int64)
         self.steps_seen = 0
         return self.initial_plans(epoch, step)

@@ -75,11 +75,14 @@ class BatchFeed:
     index function (`BatchFeed.from_function(fn, num_samples, global_batch=256)`).
     `rank` and `size` fix the worker and the number of workers, on which the
     number of steps per epoch depends (lbbsp.keras.BalancedFeed takes them
-    from Horovod).
+    from Horovod). `b_min`, `b_max` and `batch_multiple` bound the batch
+    sizes the policy may choose (lbbsp.allocation; `batch_multiple` is its
+    batch grid).
     """
 
     def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True,
-                 drop_remainder=False, b_min=1, b_max=None, prefetch=0, rank=0, size=1, _source=None):
+                 drop_remainder=False, b_min=1, b_max=None, batch_multiple=1, prefetch=0, rank=0, size=1,
+                 _source=None):
         self.source = _source if _source is not None else ArraySource(x, y, sample_weight)
         n = self.source.num_samples
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -87,13 +90,16 @@ class BatchFeed:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed={seed!r} is not allowed: it must be an integer")
         validate_bounds(1, global_batch, b_min)
+        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, (int, np.integer)) or batch_multiple < 1:
+            raise ValueError(f"batch_multiple={batch_multiple!r} is not allowed: it must be an integer >= 1 "
+                             "(1: any batch size; 8: every batch a multiple of 8)")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r} is not allowed: it must be an integer >= 0 (steps read ahead)")
         self.prefetch = prefetch
         self.num_samples = int(n)
         self.global_batch = int(global_batch)
         self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
-        self.b_min, self.b_max = int(b_min), b_max
+        self.b_min, self.b_max, self.batch_multiple = int(b_min), b_max, int(batch_multiple)
         self._cond = threading.Condition()
         self.generation = 0
         self.bind(rank, size)

@@ -93,19 +93,27 @@ class Policy:
 
     def _rejoin_split(self, shares, global_batch):
         """The split after a membership change: the old batches as shares (a newcomer's is their mean)."""
-        return allocate(shares, global_batch, self.b_min, self.b_max)
+        return self._allocate(shares, global_batch)
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
-        """Reset for a new training run; return the batches of the first step."""
-        validate_bounds(num_workers, global_batch, b_min, b_max)
-        self.num_workers, self.b_min, self.b_max = int(num_workers), int(b_min), b_max
-        self.batches = allocate(np.ones(num_workers), global_batch, b_min, b_max)
+    def _allocate(self, speeds, global_batch, offsets=None):
+        """lbbsp.allocation.allocate with this run's bounds and batch grid."""
+        return allocate(speeds, global_batch, self.b_min, self.b_max, offsets=offsets, multiple=self.multiple)
+
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
+        """Reset for a new training run; return the batches of the first step.
+
+        Batches stay within [b_min, b_max] and, with `multiple` > 1, on multiples of it
+        (lbbsp.allocation's batch grid).
+        """
+        validate_bounds(num_workers, global_batch, b_min, b_max, multiple)
+        self.num_workers, self.b_min, self.b_max, self.multiple = int(num_workers), int(b_min), b_max, int(multiple)
+        self.batches = self._allocate(np.ones(num_workers), global_batch)
         return self.batches.copy()
 
     def resize(self, global_batch):
         """Keep the current shares but for a step whose global batch differs (end of an epoch)."""
         if int(global_batch) != int(self.batches.sum()):
-            return allocate(self.batches.astype(np.float64), global_batch, self.b_min, self.b_max)
+            return self._allocate(self.batches.astype(np.float64), global_batch)
         return self.batches.copy()
 
     def after_step(self, stats, next_global_batch):
@@ -134,13 +142,13 @@ class FixedPolicy(Policy):
             raise ValueError(f"shares={shares.tolist()!r} is not allowed: give one positive number per worker")
         self.shares = shares
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
         if self.shares.size != num_workers:
             raise ValueError(
                 f"shares={self.shares.tolist()!r} is not allowed with {num_workers} workers: give {num_workers} shares"
             )
-        super().start(num_workers, global_batch, b_min, b_max)
-        self.batches = allocate(self.shares, global_batch, b_min, b_max)
+        super().start(num_workers, global_batch, b_min, b_max, multiple)
+        self.batches = self._allocate(self.shares, global_batch)
         return self.batches.copy()
 
 
@@ -155,17 +163,17 @@ class StaticPolicy(Policy):
             raise ValueError(f"profile_steps={profile_steps!r} is not allowed: it must be an integer >= 1")
         self.profile_steps = profile_steps
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
         self._samples = []
         self._fixed = False
-        return super().start(num_workers, global_batch, b_min, b_max)
+        return super().start(num_workers, global_batch, b_min, b_max, multiple)
 
     def after_step(self, stats, next_global_batch):
         if not self._fixed:
             self._samples.append(stats.speed)
             if len(self._samples) >= self.profile_steps:
                 speeds = np.nanmean(np.vstack(self._samples), axis=0)
-                self.batches = allocate(speeds, int(self.batches.sum()), self.b_min, self.b_max)
+                self.batches = self._allocate(speeds, int(self.batches.sum()))
                 self._fixed = True
         return self.resize(next_global_batch)
 
@@ -176,8 +184,8 @@ class DBSPolicy(Policy):
     name = "dbs"
     _STATE = ("batches", "_shares", "_compute", "_samples", "_global")
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple)
         self._shares = batches / batches.sum()
         self._compute = np.zeros(num_workers)
         self._samples = np.zeros(num_workers)
@@ -195,7 +203,7 @@ class DBSPolicy(Policy):
             per_sample = self._compute / np.maximum(self._samples, 1)
             raw = self._shares / per_sample
             self._shares = raw / raw.sum()
-            self.batches = allocate(self._shares, self._global, self.b_min, self.b_max)
+            self.batches = self._allocate(self._shares, self._global)
         self._compute[:] = 0.0
         self._samples[:] = 0.0
         return self.resize(next_global_batch)
@@ -224,8 +232,8 @@ class PIDPolicy(Policy):
             raise ValueError(f"every={every!r} is not allowed: it must be an integer >= 1")
         self.kp, self.ki, self.kd, self.deadband, self.every = kp, ki, kd, deadband, every
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple)
         self._integral = np.zeros(num_workers)
         self._last_error = np.zeros(num_workers)
         self._window = []
@@ -242,7 +250,7 @@ class PIDPolicy(Policy):
                 self._integral += error
                 gain = self.kp * error + self.ki * self._integral + self.kd * (error - self._last_error)
                 self._last_error = error
-                proposal = allocate(stats.batches * np.exp(gain), self._global, self.b_min, self.b_max)
+                proposal = self._allocate(stats.batches * np.exp(gain), self._global)
                 change = np.abs(proposal - self.batches) / self.batches
                 if change.max() > self.deadband:
                     self.batches = proposal
@@ -304,8 +312,8 @@ class LBBSPPolicy(Policy):
         self.model = model
         self.errors = PlanningError()
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple)
         self.model.start(num_workers)
         self.rebalancer.start(num_workers)
         self.errors.start(num_workers)
@@ -343,21 +351,21 @@ class LBBSPPolicy(Policy):
         _, lower, upper = self._bounds
         if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
             target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
-                                    max_change=trust)
+                                    max_change=trust, multiple=self.multiple)
             self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
-                                                  jumped=self.model.changed)
+                                                  jumped=self.model.changed, multiple=self.multiple)
         self._speeds = speeds
         return self.resize(next_global_batch)
 
     def _rejoin_split(self, shares, global_batch):
         if self._speeds is None:
             return super()._rejoin_split(shares, global_batch)
-        return allocate(self._speeds, global_batch, self.b_min, self.b_max, offsets=self.model.offsets)
+        return self._allocate(self._speeds, global_batch, offsets=self.model.offsets)
 
     def resize(self, global_batch):
         if int(global_batch) == int(self.batches.sum()) or self._speeds is None:
             return super().resize(global_batch)
-        return allocate(self._speeds, global_batch, self.b_min, self.b_max, offsets=self.model.offsets)
+        return self._allocate(self._speeds, global_batch, offsets=self.model.offsets)
 
 
 POLICIES = {cls.name: cls for cls in (EqualPolicy, StaticPolicy, DBSPolicy, PIDPolicy, LBBSPPolicy)}

@@ -265,3 +265,53 @@ def test_smallest_equals_the_first_of_a_lexsort(values, count, seed):
     chosen = _smallest(t, workers, count)
     expected = np.lexsort((workers, t))[:count]
     assert sorted(chosen.tolist()) == sorted(expected.tolist())
+
+
+@st.composite
+def grid_problems(draw, max_workers=4, max_units=6):
+    """Problems whose grid of `multiple` samples is feasible: B and the bounds are multiples of it."""
+    q = draw(st.integers(2, 8))
+    n = draw(st.integers(1, max_workers))
+    v = np.array(draw(st.lists(speed, min_size=n, max_size=n)))
+    k = np.array(draw(st.lists(offset, min_size=n, max_size=n)))
+    units_max = np.array(draw(st.lists(st.integers(1, max_units), min_size=n, max_size=n)))
+    units = draw(st.integers(n, int(units_max.sum())))
+    return q, v, k, units * q, units_max * q
+
+
+@given(grid_problems())
+@settings(max_examples=300, deadline=None)
+def test_grid_batches_are_multiples_and_optimal_among_them(problem):
+    q, v, k, total, b_max = problem
+    b = allocate(v, total, 1, b_max, offsets=k, multiple=q)
+    assert int(b.sum()) == total and (b % q == 0).all() and (b >= q).all() and (b <= b_max).all()
+    best = min(predicted_time(c, v, k) for c in itertools.product(*(range(q, int(u) + 1, q) for u in b_max))
+               if sum(c) == total)
+    assert predicted_time(b, v, k) <= best * (1 + 1e-9)
+
+
+@given(grid_problems(max_workers=8, max_units=40), st.integers(1, 7), st.floats(1.1, 4.0), st.integers(0, 10**6))
+@settings(max_examples=300, deadline=None)
+def test_grid_remainder_goes_out_sample_by_sample_and_the_trust_region_stays_on_the_grid(problem, extra, change,
+                                                                                         seed):
+    q, v, k, total, b_max = problem
+    extra = extra % q
+    b_max = b_max + q  # room for the remainder
+    b = allocate(v, total + extra, 1, b_max, offsets=k, multiple=q)
+    assert int(b.sum()) == total + extra and int((b % q).sum()) == extra and (b <= b_max).all()
+    near = allocate(np.random.default_rng(seed).uniform(0.1, 1.0, v.size), total, 1, b_max, multiple=q)
+    moved = allocate(v, total, 1, b_max, offsets=k, near=near, max_change=change, multiple=q)
+    assert int(moved.sum()) == total and (moved % q == 0).all() and (moved <= b_max).all()
+
+
+def test_grid_that_does_not_fit_falls_back_to_single_samples():
+    assert allocate([1.0, 1.0], 12, multiple=8).tolist() == [6, 6]  # two workers cannot both get 8
+    assert allocate([1.0, 1.0, 1.0], 256, multiple=8).tolist() == [88, 88, 80]
+    assert allocate([1.0, 3.0], 256, multiple=8, b_min=3).tolist() == [64, 192]
+
+
+@pytest.mark.parametrize("multiple", [0, -8, 1.5, True, "8"])
+def test_bad_grid_names_the_value(multiple):
+    with pytest.raises(ValueError) as err:
+        allocate([1.0, 1.0], 16, multiple=multiple)
+    assert f"multiple={multiple!r}" in str(err.value)

@@ -211,6 +211,27 @@ def test_pipeline_benchmark_compares_both_pipelines_without_horovod(tmp_path):
     assert bad.returncode == 2 and "--batch=0" in bad.stdout
 
 
+def test_shapes_benchmark_runs_each_case_in_its_own_process():
+    from benchmarks.shapes import batch_sizes
+
+    assert set(batch_sizes("grid", 64, 200, 8).tolist()) == set(range(32, 97, 8))
+    fresh = batch_sizes("fresh", 64, 60, 8)
+    assert len(set(fresh.tolist())) == 60 and fresh.min() >= 32 and fresh.max() <= 96
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.shapes", "--workload", "mlp", "--batch", "24",
+                           "--steps", "24", "--rounds", "1", "--grid", "4"], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = re.findall(r"^(fixed|grid|fresh)\s+(\d+)\s+([\d.]+) \[", proc.stdout, flags=re.M)
+    sizes = {case: int(n) for case, n, _ in rows}
+    assert list(sizes) == ["fixed", "grid", "fresh"] and sizes["fixed"] == 1, proc.stdout
+    assert 2 <= sizes["grid"] <= 7 and sizes["fresh"] == 14, proc.stdout  # 7 multiples of 4 in [12, 36]
+    assert all(float(ms) > 0 for _, _, ms in rows)
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.shapes", "--steps", "500"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert bad.returncode == 2 and "--steps=500" in bad.stdout
+
+
 @pytest.mark.skipif(not __import__("benchmarks.contention").contention.cgroups_writable(),
                     reason="the elastic benchmark sets per-worker CPU quotas: needs root and a writable cgroup")
 def test_elastic_benchmark_runs_a_join_and_a_kill_and_reports_both(tmp_path):

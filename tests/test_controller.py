@@ -59,6 +59,19 @@ def test_every_policy_keeps_sum_and_bounds(name):
         assert b.sum() == (13 if t % 4 == 3 else 40) and b.min() >= 2 and b.max() <= 30
 
 
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_keeps_to_the_batch_grid(name):
+    """Full steps (64 samples) split into multiples of 8 whatever is measured; the short last step (45) into
+    multiples too but for its remainder of 5, which goes out sample by sample."""
+    loop = Loop(BalanceController(name, warmup_steps=0), 4, [64, 64, 64, 45], multiple=8)
+    rng = np.random.default_rng(2)
+    for t in range(24):
+        v = rng.uniform(1, 9, 4)
+        b = loop.step(lambda sizes: gathered(v, (2 + sizes) / v))
+        assert b.sum() == (45 if t % 4 == 3 else 64) and b.min() >= 8
+        assert int((b % 8).sum()) == (5 if t % 4 == 3 else 0), b
+
+
 @pytest.mark.parametrize("name", ["pid", "lbbsp"])
 @pytest.mark.parametrize("plan_ahead", [0, 1])
 def test_work_moves_away_from_a_slow_worker(name, plan_ahead):

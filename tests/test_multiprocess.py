@@ -46,13 +46,13 @@ def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares):
     assert {"lbbsp_efficiency", "lbbsp_idle_fraction", "lbbsp_batch", "lbbsp_overhead_ms"} <= set(r["lbbsp_keys"])
 
 
-@pytest.mark.parametrize("num_proc, predictor, pipeline", [
-    (1, "random", "function"), (2, "random", "function"), (3, "random", "function"), (3, "failing", "function"),
-    (2, "random", "sample"), (3, "random", "sample"),
+@pytest.mark.parametrize("num_proc, predictor, pipeline, multiple", [
+    (1, "random", "function", 1), (2, "random", "function", 1), (3, "random", "function", 1),
+    (3, "failing", "function", 1), (2, "random", "sample", 1), (3, "random", "sample", 4),
 ])
-def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor, pipeline):
+def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor, pipeline, multiple):
     out = tmp_path / "result.json"
-    horovodrun(num_proc, "exactly_once.py", out, predictor, pipeline)
+    horovodrun(num_proc, "exactly_once.py", out, predictor, pipeline, multiple)
     r = json.loads(out.read_text())
     ranks = r["ranks"]
     for epoch in range(3):
@@ -61,7 +61,9 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
     assert all(rank["decisions"] == ranks[0]["decisions"] for rank in ranks), "ranks disagreed on batch sizes"
     assert all(rank["final_loss"] == ranks[0]["final_loss"] for rank in ranks), "replicas diverged"
     if num_proc > 1:
-        assert len(ranks[0]["batch_sizes"]) >= 4, "the batch size was meant to change"
+        assert len(ranks[0]["batch_sizes"]) >= 4 - (multiple > 1), "the batch size was meant to change"
+    full = [split for split in ranks[0]["decisions"] if sum(split) == 24]
+    assert full and all(b % multiple == 0 for split in full for b in split), "a split left the batch grid"
     # One trace for all batch sizes (TensorFlow counts the variable-creating first call twice).
     assert all(rank["tracing_count"] <= 2 for rank in ranks)
     if predictor == "failing":

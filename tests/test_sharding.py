@@ -63,6 +63,7 @@ def test_permutation_same_on_every_rank_and_new_each_epoch():
     ({"x": np.zeros((10, 3)), "global_batch": 4.0}, "global_batch=4.0"),
     ({"x": np.zeros((10, 3)), "y": np.zeros(9), "global_batch": 4}, "common first dimension"),
     ({"x": np.zeros((10, 3)), "global_batch": 4, "seed": "a"}, "seed='a'"),
+    ({"x": np.zeros((10, 3)), "global_batch": 4, "batch_multiple": 0}, "batch_multiple=0"),
 ])
 def test_feed_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):

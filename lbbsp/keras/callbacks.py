@@ -160,7 +160,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 "k <= plan_ahead"
             )
         self._plans = self.controller.start(self.size, self.feed.epoch_schedule, self.feed.b_min, self.feed.b_max,
-                                            epoch=epoch)
+                                            epoch=epoch, multiple=self.feed.batch_multiple)
         self._decisions = collections.deque()
         self._sizes = next(iter(self._plans.values()))
         if self.forecaster is not None and first_run:
@@ -264,7 +264,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             self.controller.load_state(shared)
         except (ValueError, KeyError) as exc:  # the same on every rank: all start fresh together
             log.warning("lbbsp state does not fit this job (%s); starting from equal batches", exc)
-            self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max)
+            self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max,
+                                                multiple=self.feed.batch_multiple)
             return False
         self._plans = {}  # the first step of the resumed run plans from the restored split
         predictor = saved.get("predictor") if saved else None

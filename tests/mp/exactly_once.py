@@ -5,6 +5,9 @@ train function was traced once for all batch sizes, and (with 'failing') that
 a predictor which raises or returns NaN/inf/<=0 on one rank neither kills
 nor hangs the job.
 Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing) [PIPELINE(function|sample)]
+[MULTIPLE]
+
+MULTIPLE is the feed's batch_multiple (the batch grid; default 1).
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
 prefetched; every loaded index is recorded with tf.py_function.
@@ -23,6 +26,7 @@ from horovod.tensorflow import allgather_object  # noqa: E402
 
 out_path, kind = sys.argv[1], sys.argv[2]
 pipeline = sys.argv[3] if len(sys.argv) > 3 else "function"
+multiple = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 RandomPredictor, FailingPredictor = make_test_predictors()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
@@ -69,9 +73,10 @@ tf.keras.utils.set_random_seed(0)
 model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
 if pipeline == "sample":
-    feed = lb.BalancedFeed.from_sample_fn(load, N_SAMPLES, global_batch=24, seed=5, prefetch=1)
+    feed = lb.BalancedFeed.from_sample_fn(load, N_SAMPLES, global_batch=24, seed=5, prefetch=1,
+                                          batch_multiple=multiple)
 else:
-    feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5)
+    feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5, batch_multiple=multiple)
 predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
 # Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
 policy = LBBSPPolicy(min_gain=0.0, model={"change": 100.0})
