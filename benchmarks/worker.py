@@ -37,8 +37,9 @@ def parse(argv=None):
     parser.add_argument("--plan-ahead", type=int, default=1, help="lbbsp's plan_ahead (0 or more)")
     parser.add_argument("--prefetch", type=int, default=1,
                         help="steps the images workload's input pipeline prepares ahead (<= --plan-ahead)")
-    parser.add_argument("--batch-multiple", type=int, default=1,
-                        help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed batch_multiple)")
+    parser.add_argument("--batch-multiple", type=int,
+                        help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed batch_multiple; "
+                             "default: lbbsp.allocation.default_multiple)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")

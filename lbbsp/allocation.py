@@ -32,7 +32,7 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "tail_speeds", "Rebalancer"]
+           "tail_speeds", "default_multiple", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -74,6 +74,23 @@ def validate_bounds(num_workers, global_batch, b_min=1, b_max=None, multiple=1):
             f"it must be at most sum(b_max) = {int(upper.sum())}"
         )
     return global_batch, b_min, upper
+
+
+def default_multiple(global_batch, num_workers, largest=8, steps=8):
+    """The batch grid to use when none is given: the largest power of two q <= `largest` that divides the
+    equal share B / N and leaves it at least `steps` grid steps (B / N >= steps * q); 1 otherwise.
+
+    Equal batches then stay on the grid (exactly B / N each), and a worker's batch can still move in
+    steps of at most 1 / `steps` of its equal share; B = 256 gives q = 8 for 2 or 4 workers and q = 1
+    for 3 (256 is not a multiple of 3), B = 24 gives q = 1 for 2 workers (a share of 12).
+    """
+    global_batch, num_workers = int(global_batch), int(num_workers)
+    if num_workers < 1 or global_batch % num_workers:
+        return 1
+    share, q = global_batch // num_workers, int(largest)
+    while q > 1 and (share % q or share < steps * q):
+        q //= 2
+    return max(q, 1)
 
 
 def sanitize(values, fallback=None, positive=True):

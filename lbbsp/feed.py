@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from .allocation import validate_bounds
+from .allocation import default_multiple, validate_bounds
 from .sharding import EpochSchedule, epoch_permutation, local_indices
 
 __all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
@@ -77,11 +77,11 @@ class BatchFeed:
     number of steps per epoch depends (lbbsp.keras.BalancedFeed takes them
     from Horovod). `b_min`, `b_max` and `batch_multiple` bound the batch
     sizes the policy may choose (lbbsp.allocation; `batch_multiple` is its
-    batch grid).
+    batch grid, None for lbbsp.allocation.default_multiple).
     """
 
     def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True,
-                 drop_remainder=False, b_min=1, b_max=None, batch_multiple=1, prefetch=0, rank=0, size=1,
+                 drop_remainder=False, b_min=1, b_max=None, batch_multiple=None, prefetch=0, rank=0, size=1,
                  _source=None):
         self.source = _source if _source is not None else ArraySource(x, y, sample_weight)
         n = self.source.num_samples
@@ -90,16 +90,18 @@ class BatchFeed:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed={seed!r} is not allowed: it must be an integer")
         validate_bounds(1, global_batch, b_min)
-        if isinstance(batch_multiple, bool) or not isinstance(batch_multiple, (int, np.integer)) or batch_multiple < 1:
-            raise ValueError(f"batch_multiple={batch_multiple!r} is not allowed: it must be an integer >= 1 "
-                             "(1: any batch size; 8: every batch a multiple of 8)")
+        integer = isinstance(batch_multiple, (int, np.integer)) and not isinstance(batch_multiple, bool)
+        if batch_multiple is not None and not (integer and batch_multiple >= 1):
+            raise ValueError(f"batch_multiple={batch_multiple!r} is not allowed: it must be None (automatic) or an "
+                             "integer >= 1 (1: any batch size; 8: every batch a multiple of 8)")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r} is not allowed: it must be an integer >= 0 (steps read ahead)")
         self.prefetch = prefetch
         self.num_samples = int(n)
         self.global_batch = int(global_batch)
         self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
-        self.b_min, self.b_max, self.batch_multiple = int(b_min), b_max, int(batch_multiple)
+        self.b_min, self.b_max = int(b_min), b_max
+        self.batch_multiple = None if batch_multiple is None else int(batch_multiple)
         self._cond = threading.Condition()
         self.generation = 0
         self.bind(rank, size)
@@ -134,6 +136,13 @@ class BatchFeed:
         self.epoch_schedule, self.schedule, self.global_batch = schedule, schedule.full, global_batch
         self.rank, self.size = int(rank), int(size)
         self.reopen()
+
+    @property
+    def grid(self):
+        """The batch grid in use: `batch_multiple`, or the default for this global batch and number of workers."""
+        if self.batch_multiple is not None:
+            return self.batch_multiple
+        return default_multiple(self.global_batch, self.size)
 
     @property
     def steps_per_epoch(self):

@@ -11,4 +11,4 @@ bash scripts/bootstrap.sh
 export OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 .venv/bin/python -m benchmarks.compare --scenario static-4 --epochs 3 "$@"
 exec .venv/bin/python -m benchmarks.compare --scenario static-4-mlp --epochs 3 \
-    --variants horovod,equal,pid,pid-grid8,lbbsp-ema,lbbsp-narx,lbbsp-narx-grid8,oracle "$@"
+    --variants horovod,equal,pid,pid-exact,lbbsp-ema,lbbsp-narx,lbbsp-narx-exact,oracle "$@"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbsp.allocation import Rebalancer, allocate, continuous_split, predicted_time, sanitize
+from lbbsp.allocation import Rebalancer, allocate, continuous_split, default_multiple, predicted_time, sanitize
 
 speed = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 offset = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
@@ -315,3 +315,16 @@ def test_bad_grid_names_the_value(multiple):
     with pytest.raises(ValueError) as err:
         allocate([1.0, 1.0], 16, multiple=multiple)
     assert f"multiple={multiple!r}" in str(err.value)
+
+
+@pytest.mark.parametrize("global_batch, workers, expected", [
+    (256, 2, 8), (256, 4, 8), (256, 3, 1), (256, 8, 4), (256, 16, 2), (256, 32, 1), (24, 2, 1), (4096, 64, 8),
+    (120, 1, 8), (100, 2, 2),
+])
+def test_default_grid_keeps_the_equal_split_and_eight_steps_per_share(global_batch, workers, expected):
+    q = default_multiple(global_batch, workers)
+    assert q == expected
+    share = global_batch // workers
+    assert global_batch % workers or (share % q == 0 and (q == 1 or share >= 8 * q))
+    equal = allocate(np.ones(workers), global_batch, multiple=q)
+    assert global_batch % workers or (equal == share).all()

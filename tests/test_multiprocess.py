@@ -77,6 +77,9 @@ def test_slowed_worker_gets_smaller_batch_and_epoch_is_faster(tmp_path):
     fast, slow = r["ranks"]
     print(f"slowdown: {r['slowdown']}; epoch time equal {fast['equal']['epoch_time']:.3f}s, "
           f"lbbsp {fast['lbbsp']['epoch_time']:.3f}s; slow worker's batch {slow['lbbsp']['batch']:.1f} of 1024")
+    # The default batch grid (8 for 1024 samples on 2 workers) holds while the split moves.
+    assert slow["lbbsp"]["grid"] == 8 and len(slow["lbbsp"]["sizes"]) > 1
+    assert all(b % 8 == 0 for rank in (fast, slow) for b in rank["lbbsp"]["sizes"]), slow["lbbsp"]["sizes"]
     assert slow["lbbsp"]["batch"] < 0.8 * slow["equal"]["batch"]
     assert fast["lbbsp"]["batch"] > fast["equal"]["batch"]
     assert fast["lbbsp"]["epoch_time"] < fast["equal"]["epoch_time"]

@@ -56,6 +56,15 @@ def test_permutation_same_on_every_rank_and_new_each_epoch():
     assert np.array_equal(epoch_permutation(5, 3, 0, shuffle=False), np.arange(5))
 
 
+def test_feed_grid_is_the_given_multiple_or_the_default_for_its_workers():
+    assert BatchFeed(np.zeros(512), global_batch=256, size=2).grid == 8
+    assert BatchFeed(np.zeros(512), global_batch=256, size=3).grid == 1
+    assert BatchFeed(np.zeros(512), global_batch=256, size=2, batch_multiple=1).grid == 1
+    feed = BatchFeed(np.zeros(512), global_batch=256, size=2, batch_multiple=4)
+    feed.bind(0, 3)
+    assert feed.grid == 4
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"x": np.zeros((0, 3)), "global_batch": 4}, "at least one sample"),
     ({"x": np.zeros((10, 3)), "global_batch": 0}, "global_batch=0"),
@@ -64,6 +73,7 @@ def test_permutation_same_on_every_rank_and_new_each_epoch():
     ({"x": np.zeros((10, 3)), "y": np.zeros(9), "global_batch": 4}, "common first dimension"),
     ({"x": np.zeros((10, 3)), "global_batch": 4, "seed": "a"}, "seed='a'"),
     ({"x": np.zeros((10, 3)), "global_batch": 4, "batch_multiple": 0}, "batch_multiple=0"),
+    ({"x": np.zeros((10, 3)), "global_batch": 4, "batch_multiple": 2.0}, "batch_multiple=2.0"),
 ])
 def test_feed_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):

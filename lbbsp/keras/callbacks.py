@@ -160,7 +160,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 "k <= plan_ahead"
             )
         self._plans = self.controller.start(self.size, self.feed.epoch_schedule, self.feed.b_min, self.feed.b_max,
-                                            epoch=epoch, multiple=self.feed.batch_multiple)
+                                            epoch=epoch, multiple=self.feed.grid)
+        log.info("lbbsp: %d workers, global batch %d, batches on multiples of %d", self.size, self.feed.global_batch,
+                 self.feed.grid)
         self._decisions = collections.deque()
         self._sizes = next(iter(self._plans.values()))
         if self.forecaster is not None and first_run:
@@ -265,7 +267,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         except (ValueError, KeyError) as exc:  # the same on every rank: all start fresh together
             log.warning("lbbsp state does not fit this job (%s); starting from equal batches", exc)
             self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max,
-                                                multiple=self.feed.batch_multiple)
+                                                multiple=self.feed.grid)
             return False
         self._plans = {}  # the first step of the resumed run plans from the restored split
         predictor = saved.get("predictor") if saved else None

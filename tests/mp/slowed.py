@@ -59,7 +59,8 @@ def run(policy_name):
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, timer])
     tail = [r for r in balancer.history if r["epoch"] >= 2]
     return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
-            "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history]))}
+            "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history])),
+            "sizes": sorted({int(r["batch_size"]) for r in balancer.history}), "grid": feed.grid}
 
 
 if rank == 1:
