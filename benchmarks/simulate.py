@@ -184,7 +184,8 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     n = cluster.num_workers
     controller = BalanceController(_policy(policy, cluster, 1 + plan_ahead), warmup_steps=0, plan_ahead=plan_ahead)
     plans = controller.start(n, np.full(steps_per_epoch, global_batch))
-    forecasters = [Forecaster(predictor) for _ in range(n)] if controller.uses_forecast else None
+    # budget=None: the simulator's clock is not a simulated worker's, and its runs must repeat exactly.
+    forecasters = [Forecaster(predictor, budget=None) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
     best = cluster.best_steps(global_batch)
     eta, step_time, decide = [], [], []

@@ -40,11 +40,20 @@ def parse(argv=None):
     parser.add_argument("--batch-multiple", type=int,
                         help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed batch_multiple; "
                              "default: lbbsp.allocation.default_multiple)")
+    parser.add_argument("--forecast-budget", default=None,
+                        help="LoadBalancer forecast_budget: a share of compute time, or 'none' to run the predictor "
+                             "at every step (default: lbbsp.forecasting.FORECAST_BUDGET)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args(argv)
+    if args.forecast_budget is not None:  # given: a LoadBalancer keyword argument (None runs the predictor always)
+        try:
+            value = None if args.forecast_budget == "none" else float(args.forecast_budget)
+        except ValueError:
+            parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
+        args.forecast_budget = {"forecast_budget": value}
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -222,7 +231,7 @@ def main(argv=None):
 
             policy, warmup = OraclePolicy(CurveBook(scenario, load_curves(args.curves)).at), 0
         balancer = lb.LoadBalancer(feed, policy=policy, predictor=args.predictor, warmup_steps=warmup,
-                                   plan_ahead=args.plan_ahead, keep_steps=None)
+                                   plan_ahead=args.plan_ahead, keep_steps=None, **(args.forecast_budget or {}))
         callbacks.append(balancer)
 
     start = time.perf_counter()
@@ -248,10 +257,14 @@ def main(argv=None):
 
     everyone = hvd_core.allgather_object(history)
     peak_rss = hvd_core.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    forecaster = balancer.forecaster if balancer else None
+    counts = hvd_core.allgather_object((forecaster.model_steps, forecaster.last_value_steps) if forecaster else None)
     if rank == 0:
         summary = summarize(everyone, timer_log, len(x), steps)
         summary["final_accuracy"] = accuracy
         summary["peak_rss_mb"] = [round(float(v), 1) for v in peak_rss]
+        if forecaster is not None:  # per rank: the share of forecasts its predictor made (the rest: last speed)
+            summary["model_share"] = [round(m / max(m + k, 1), 3) for m, k in counts]
         summary.update(scenario=scenario.name, policy=args.policy, predictor=args.predictor if balancer else None,
                        heterogeneity=driver.label, workers=size, global_batch=scenario.global_batch, epochs=epochs,
                        seed=args.seed, wall=wall, steps_per_epoch=steps)

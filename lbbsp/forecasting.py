@@ -5,19 +5,49 @@ simulated worker). The measurement fed to the predictor is the batch-free
 speed (b + k) / t, where k is the worker's fixed per-step cost in samples from
 the shared step-time model (lbbsp.steptime): it does not depend on the batch
 the balancer chose, so the predictor forecasts the worker, not the policy.
+
+A forecast runs on the step's critical path (between this worker's gradients
+and its allreduce), so it must cost less than it can gain. The Forecaster
+times its predictor and, where the predictor takes more than `budget` of the
+worker's compute time, forecasts the last measured speed instead (the
+baseline every predictor is scored against), re-timing the predictor every
+`probe_every` steps. On a CPU worker held to a fraction q of a core each
+millisecond of CPU costs 1/q of wall time on average (the quota's stall lands
+somewhere in the step), so the NARX's 0.2-0.4 ms of CPU becomes 1.5-3 ms on a
+0.15-core worker; on a GPU worker, whose step is long and whose CPU is not
+held back, it stays far below 1%.
 """
+import collections
 import concurrent.futures
 import logging
 import math
+import time
 
 from predictor import make_predictor
 from predictor.base import is_valid_speed
 
 from .steptime import batch_free_speed
 
-__all__ = ["Forecaster", "Background"]
+__all__ = ["Forecaster", "Background", "FORECAST_BUDGET", "check_budget"]
 
 log = logging.getLogger(__name__)
+
+#: Default share of a worker's compute time its predictor may take per step. The shipped NARX
+#: forecasts at best a few per cent better than the last measured speed (README, "Speed predictor"),
+#: worth about that share of the step a forecast error costs: 1% keeps it where it is nearly free.
+FORECAST_BUDGET = 0.01
+#: Recent measurements (predictor cost, compute time) whose median the budget compares.
+_TIMINGS = 5
+
+
+def check_budget(budget):
+    """`budget` as a float, or None (always run the predictor); a clear error for anything else."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget < math.inf:
+        raise ValueError(f"forecast_budget={budget!r} is not allowed: give a share of the step's compute time "
+                         ">= 0 (e.g. 0.01), or None to run the predictor at every step")
+    return float(budget)
 
 
 class Forecaster:
@@ -28,11 +58,31 @@ class Forecaster:
     slowest speed this worker ever measured) is replaced by the last good
     forecast (before any, the last measured speed), with one warning per kind
     of failure.
+
+    Cost: the predictor's expected wall time per forecast, the larger of
+    its median wall time (a co-located process that shares the core shows
+    there) and its median CPU time divided by the share of a core the
+    worker may use (a CFS quota stalls the worker once the period's quota
+    is spent, wherever that falls), over its last few timings, is compared
+    with `budget` times the worker's compute time (median of the last few
+    steps). Over budget, the forecast is the last measured speed, the
+    predictor still observes every step (an append) and every `probe_every`
+    steps it forecasts once more to be re-timed; `wants_features` then asks
+    for machine readings only in the steps whose window that forecast reads.
+    `budget=None` always runs it. Each rank decides for itself from its own
+    clock; the decision reads only the gathered forecasts, so ranks cannot
+    disagree. `model_steps` and `last_value_steps` count the two cases.
     """
 
-    def __init__(self, predictor="narx", absurd=10.0):
+    def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,
+                 clock=time.perf_counter, cpu_clock=time.thread_time):
         if isinstance(absurd, bool) or not isinstance(absurd, (int, float)) or not absurd > 1:
             raise ValueError(f"absurd={absurd!r} is not allowed: it must be a number > 1")
+        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
+            raise ValueError(f"probe_every={probe_every!r} is not allowed: give an integer >= 1")
+        self.budget = check_budget(budget)
+        self.probe_every = probe_every
+        self._clock, self._cpu_clock = clock, cpu_clock
         self.predictor = make_predictor(predictor)
         self.absurd = float(absurd)
         self._warned = set()
@@ -52,6 +102,13 @@ class Forecaster:
         self.last_speed = math.nan
         self.low, self.high = math.inf, 0.0
         self.failures = 0
+        self.model_steps = self.last_value_steps = 0
+        self._costs = collections.deque(maxlen=_TIMINGS)
+        self._computes = collections.deque(maxlen=_TIMINGS)
+        self._since_model = 0
+        self._over = False
+        self._cpu_share = 1.0
+        self.switches = 0
         try:
             self.predictor.reset()
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
@@ -63,12 +120,62 @@ class Forecaster:
             self._warned.add(kind)
             log.warning("%s; falling back to the last good forecast (warned once)", message)
 
-    def update(self, batch, compute, offset=0.0, features=None):
-        """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast."""
+    @property
+    def cost(self):
+        """The predictor's expected wall time per forecast in seconds (NaN before any timing)."""
+        if not self._costs:
+            return math.nan
+        return max(_median([w for w, _ in self._costs]), _median([c for _, c in self._costs]) / self._cpu_share)
+
+    @property
+    def wants_features(self):
+        """Whether the coming step's machine readings will be read: always, except while the predictor is
+        over budget and the step lies outside the window of its next re-timing."""
+        lead = getattr(getattr(self.predictor, "spec", None), "delays", 0)
+        return not self._over or self._since_model + 1 + lead >= self.probe_every
+
+    def _affordable(self):
+        """Run the predictor at this step? Always until it has been timed a few times, then within budget."""
+        if self.budget is None or len(self._costs) < _TIMINGS or self._since_model + 1 >= self.probe_every:
+            return True
+        compute = _median(self._computes)
+        if math.isnan(compute):
+            return True
+        over = not self.cost <= self.budget * compute
+        if over != self._over:
+            self._over = over
+            self.switches += 1
+            log.log(logging.INFO if self.switches == 1 else logging.DEBUG,
+                    "lbbsp: the %s forecast takes %.2f ms, %.1f%% of this worker's %.1f ms of compute (budget %.1f%%); "
+                    "%s", self.name, 1e3 * self.cost, 100 * self.cost / compute, 1e3 * compute, 100 * self.budget,
+                    f"forecasting the last measured speed, re-timing it every {self.probe_every} steps" if over
+                    else "forecasting with it again")
+        return not over
+
+    def update(self, batch, compute, offset=0.0, features=None, cpu_share=1.0):
+        """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast.
+
+        `cpu_share`: the share of a core this worker may use (its CPU quota,
+        at most 1), by which the predictor's CPU time stretches into wall time.
+        """
+        self._cpu_share = float(cpu_share) if 0.0 < cpu_share <= 1.0 else 1.0
         speed = batch_free_speed(batch, compute, offset)
         if is_valid_speed(speed):
             self.last_speed = speed
             self.low, self.high = min(self.low, speed), max(self.high, speed)
+        if is_valid_speed(compute):
+            self._computes.append(float(compute))
+        if not self._affordable():
+            self._since_model += 1
+            self.last_value_steps += 1
+            try:
+                self.predictor.observe(speed, features)
+            except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
+                self._warn("raise", f"predictor {self.name!r} raised {exc!r}")
+            return self.last_speed if is_valid_speed(self.last_speed) else self.last_good
+        self._since_model = 0
+        self.model_steps += 1
+        started, cpu = self._clock(), self._cpu_clock()
         try:
             self.predictor.observe(speed, features)
             value = self.predictor.forecast()
@@ -83,10 +190,16 @@ class Forecaster:
                 self._warn("absurd", f"predictor {self.name!r} returned {value!r}, far outside the measured "
                                      f"{self.low:.4g}..{self.high:.4g}")
                 value = None
+        finally:
+            self._costs.append((self._clock() - started, self._cpu_clock() - cpu))
         if value is None:
             return self.last_good if is_valid_speed(self.last_good) else self.last_speed
         self.last_good = float(value)
         return self.last_good
+
+
+def _median(values):
+    return float(sorted(values)[len(values) // 2]) if values else math.nan
 
 
 class Background:

@@ -111,6 +111,17 @@ class Telemetry:
         self._stat.close()
         self._cpu_stat.close()
 
+    @property
+    def cpu_share(self):
+        """The share of one core this process may use: its cgroup quota in cores, capped at 1 (1 without one).
+
+        A CFS quota lets the process run at full speed until the quota of the
+        period is spent and then stalls it, so a piece of work that takes x
+        seconds of CPU costs x / cpu_share seconds of wall time on average.
+        Refreshed every `slow_every` samples.
+        """
+        return min(self._quota, 1.0) if self._quota else 1.0
+
     def _quota_cores(self):
         if self._cgroup is None:
             return None

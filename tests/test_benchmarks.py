@@ -186,6 +186,8 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     results = json.loads((tmp_path / "out" / "tiny" / "results.json").read_text())["results"]
     assert set(results) == {"horovod", "equal", "lbbsp-narx", "oracle"} and all(len(r) == 2 for r in results.values())
     assert results["lbbsp-narx"][0]["heterogeneity"].startswith("emulated")
+    assert all(len(r["model_share"]) == 2 and all(0 <= v <= 1 for v in r["model_share"])
+               for r in results["lbbsp-narx"]), "per rank: the share of forecasts the NARX made"
     assert results["oracle"][1]["mean_batch"][1] < results["oracle"][1]["mean_batch"][0]
     assert [len(seq) for seq in results["lbbsp-narx"][0]["recovery"]] == [8], "one change with 8 steps after it"
     assert "Step efficiency after each change of contention" in out and "| lbbsp-narx | 2 |" in out

@@ -210,3 +210,102 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
         sent, ema = ema, ema + 0.3 * (v - ema)
         eta.append(((B + 2 * k) / v.sum()) / np.max((k + b) / v))
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
+
+
+class _Clock:
+    """A fake clock that a predictor advances by the time it 'takes'."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _slow_predictor(clock, seconds):
+    class Slow(EMAPredictor):
+        calls = 0
+
+        def _forecast(self):
+            Slow.calls += 1
+            clock.now += seconds[0]
+            return 2.0 * self.history.last_valid()  # recognisably not the last value
+
+    return Slow()
+
+
+def test_forecaster_over_budget_forecasts_the_last_speed_and_retimes_the_predictor(caplog):
+    clock, seconds = _Clock(), [0.002]
+    predictor = _slow_predictor(clock, seconds)
+    f = Forecaster(predictor, budget=0.01, probe_every=4, clock=clock, cpu_clock=clock)
+    with caplog.at_level(logging.INFO, logger="lbbsp"):
+        out, wants = [], []
+        for _ in range(13):  # 2 ms of a 100 ms step: over a 1% budget
+            wants.append(f.wants_features)
+            out.append(f.update(100, 0.1))
+    # Timed five times, then the last measured speed (1000), the predictor again at every 4th step.
+    assert out[:5] == [2000.0] * 5
+    assert out[5:] == [1000.0, 1000.0, 1000.0, 2000.0, 1000.0, 1000.0, 1000.0, 2000.0]
+    assert (f.model_steps, f.last_value_steps) == (7, 6) and type(predictor).calls == 7
+    assert len(predictor.history) == 13  # it observed every step
+    # Readings are wanted while the predictor runs, and then only for the steps it re-times on (its
+    # window is this EMA's one step).
+    assert wants == [True] * 6 + [False, False, True, False, False, False, True]
+    assert "forecasting the last measured speed, re-timing it every 4 steps" in caplog.text
+    seconds[0] = 0.0005  # cheaper (the worker got more CPU): back within budget after five re-timings
+    for _ in range(12):
+        f.update(100, 0.1)
+    assert f.update(100, 0.1) == 2000.0 and f.cost == pytest.approx(0.0005)
+
+
+def test_forecaster_within_budget_or_without_one_always_uses_the_predictor():
+    for budget, step in ((0.01, 0.5), (None, 0.01)):
+        clock = _Clock()
+        f = Forecaster(_slow_predictor(clock, [0.002]), budget=budget, clock=clock, cpu_clock=clock)
+        assert all(f.update(100, step) == 2.0 * 100 / step for _ in range(40))
+        assert f.last_value_steps == 0 and f.model_steps == 40
+
+
+def test_forecaster_budget_with_failing_timings_and_bad_values():
+    clock = _Clock()
+    f = Forecaster(_slow_predictor(clock, [0.002]), budget=0.0, clock=clock, cpu_clock=clock)
+    for _ in range(6):
+        f.update(100, float("nan"))  # no valid compute time yet: nothing to compare the cost with
+    assert f.last_value_steps == 0
+    f.update(100, 0.1)
+    assert f.update(100, 0.1) == 1000.0  # budget 0: the last value except when re-timing
+    for bad in (-0.1, "1%", True, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="forecast_budget="):
+            Forecaster("ema", budget=bad)
+    with pytest.raises(ValueError, match="probe_every=0"):
+        Forecaster("ema", probe_every=0)
+
+
+def test_forecaster_cost_counts_a_cpu_quota():
+    # 0.2 ms of predictor on a 50 ms step is within a 1% budget on a whole core; under a 0.15-core
+    # quota the same CPU time costs 0.2 / 0.15 = 1.3 ms of wall time on average, which is not.
+    for share, uses_model in ((1.0, True), (0.15, False)):
+        clock = _Clock()
+        f = Forecaster(_slow_predictor(clock, [0.0002]), budget=0.01, clock=clock, cpu_clock=clock)
+        out = [f.update(100, 0.05, cpu_share=share) for _ in range(8)]
+        assert (out[-1] == 4000.0) is uses_model, (share, out)
+    assert f.cost == pytest.approx(0.0002 / 0.15)
+    f.update(100, 0.05, cpu_share=float("nan"))  # an unreadable share counts as a whole core
+    assert f.cost == pytest.approx(0.0002)
+
+
+def test_forecaster_cost_is_the_larger_of_wall_and_cpu_over_the_quota():
+    wall, cpu = _Clock(), _Clock()
+
+    class Shared(EMAPredictor):  # a hog shares the core: 0.1 ms of CPU takes 0.3 ms of wall time
+        def _forecast(self):
+            wall.now += 0.0003
+            cpu.now += 0.0001
+            return super()._forecast()
+
+    f = Forecaster(Shared(), budget=0.01, clock=wall, cpu_clock=cpu)
+    for _ in range(5):
+        f.update(100, 0.02)
+    assert f.cost == pytest.approx(0.0003)
+    f.update(100, 0.02, cpu_share=0.2)  # a quota of 0.2 cores: 0.1 ms of CPU costs 0.5 ms on average
+    assert f.cost == pytest.approx(0.0005)

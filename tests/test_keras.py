@@ -110,6 +110,7 @@ def test_steps_per_execution_must_be_one():
     ({"predictor": "oracle9"}, "predictor='oracle9'"),
     ({"warmup_steps": -1}, "warmup_steps=-1"),
     ({"csv_path": 3}, "csv_path=3"),
+    ({"forecast_budget": -1}, "forecast_budget=-1"),
 ])
 def test_bad_callback_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -134,7 +135,7 @@ def test_failing_predictor_falls_back_with_one_warning(caplog):
             raise ZeroDivisionError("boom")
 
     feed = lb.BalancedFeed(X, Y, global_batch=16)
-    balancer = lb.LoadBalancer(feed, predictor=Broken(), warmup_steps=0)
+    balancer = lb.LoadBalancer(feed, predictor=Broken(), warmup_steps=0, forecast_budget=None)
     with caplog.at_level(logging.WARNING, logger="lbbsp"):
         hist = fit(tiny(), feed, balancer, epochs=3)
     assert len(hist.history["loss"]) == 3
@@ -156,12 +157,52 @@ def test_a_slow_forecast_counts_in_the_next_steps_compute_time():
             return self.history.last_valid()
 
     feed = lb.BalancedFeed(X, Y, global_batch=16)
-    balancer = lb.LoadBalancer(feed, predictor=Slow(), warmup_steps=0)
+    balancer = lb.LoadBalancer(feed, predictor=Slow(), warmup_steps=0, forecast_budget=None)
     fit(tiny(), feed, balancer, epochs=2)
     compute = np.array([r["compute"] for r in balancer.history])
     wait = np.array([r["wait"] for r in balancer.history])
     assert compute[2:].min() >= 0.03, compute  # the first two steps trace the train function
     assert np.nanmax(wait) < 0.03, "the forecast is not blocked time in the allreduce"
+
+
+def test_a_forecast_over_budget_gives_way_to_the_last_speed_in_a_real_fit(caplog):
+    # A 30 ms forecast on millisecond steps is far over a 1% budget: after five timings the worker
+    # forecasts its last speed, and re-times the predictor every 16 steps. Without a budget it always runs.
+    class Slow(SpeedPredictor):
+        name = "slow"
+
+        def _forecast(self):
+            time.sleep(0.03)
+            return 1.5 * self.history.last_valid()
+
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    shares = {}
+    for budget in (0.01, None):
+        balancer = lb.LoadBalancer(feed, predictor=Slow(), warmup_steps=0, forecast_budget=budget)
+        with caplog.at_level(logging.INFO, logger="lbbsp"):
+            hist = fit(tiny(), feed, balancer, epochs=10)
+        shares[budget] = hist.history["lbbsp_model_share"]
+        speeds = np.array([r["speed"] for r in balancer.history])
+        forecasts = np.array([r["forecast"] for r in balancer.history])
+    assert shares[None] == [1.0] * 10
+    assert shares[0.01][0] == 1.0 and sum(shares[0.01][2:]) / 8 <= 0.1, shares[0.01]
+    assert "forecasting the last measured speed" in caplog.text
+    assert np.allclose(forecasts[1:], 1.5 * speeds[1:]), "without a budget every forecast is the predictor's"
+
+
+def test_telemetry_is_read_only_for_the_steps_a_predictor_over_budget_reads():
+    # Budget 0: after five timings the NARX runs every 32nd step; the machine readings of the 8 steps
+    # its window holds are read, the others not (unless a CSV asks for them).
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed, predictor="narx", warmup_steps=0, forecast_budget=0.0)
+    fit(tiny(), feed, balancer, epochs=20)
+    read = ["proc_cpu" in row for row in balancer.history]
+    assert len(read) == 80 and all(read[:6]), read
+    assert 8 <= sum(read[6:]) <= 30, read  # two re-timings' windows of 8 (plus the step that switches)
+    csv_balancer = lb.LoadBalancer(feed, predictor="narx", warmup_steps=0, forecast_budget=0.0,
+                                   csv_path="/dev/null")
+    fit(tiny(), feed, csv_balancer, epochs=5)
+    assert all("proc_cpu" in row for row in csv_balancer.history)
 
 
 def test_a_custom_policy_plugs_in():

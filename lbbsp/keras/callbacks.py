@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..controller import BalanceController
-from ..forecasting import Background, Forecaster
+from ..forecasting import FORECAST_BUDGET, Background, Forecaster, check_budget
 from ..history import FIELDS, StepLog
 from ..steptime import batch_free_speed
 from .data import BalancedFeed
@@ -63,16 +63,24 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         every rank resumes identically. A pickle: load only your own files.
       state_every: also save every this many steps (match BackupAndRestore's
         `save_freq`); None saves at epoch ends only.
+      forecast_budget: the share of this worker's compute time its predictor
+        may take per step (the forecast runs before the worker's allreduce).
+        Over it, the worker forecasts its last measured speed, re-times the
+        predictor every 32 steps and reads telemetry only for the steps that
+        re-timing reads (`lbbsp.forecasting.Forecaster`). None runs the
+        predictor at every step.
 
     Per step it writes `lbbsp_batch`, `lbbsp_speed`, `lbbsp_forecast`,
     `lbbsp_compute_ms` and `lbbsp_wait_ms` into the batch logs; per epoch
     `lbbsp_batch` (mean), `lbbsp_efficiency`, `lbbsp_idle_fraction`,
-    `lbbsp_overhead_ms` (plugin time on the step's critical path) and
-    `lbbsp_background_ms` (the decision, off it) into the epoch logs.
+    `lbbsp_overhead_ms` (plugin time on the step's critical path),
+    `lbbsp_background_ms` (the decision, off it) and, with a predictor,
+    `lbbsp_model_share` (the share of this epoch's forecasts this worker's
+    predictor made; the rest were its last measured speed) into the epoch logs.
     """
 
     def __init__(self, feed, policy="lbbsp", predictor="narx", warmup_steps=2, plan_ahead=1, sync_metrics=True,
-                 csv_path=None, keep_steps=1000, state_path=None, state_every=None):
+                 csv_path=None, keep_steps=1000, state_path=None, state_every=None, forecast_budget=FORECAST_BUDGET):
         super().__init__()
         if not isinstance(feed, BalancedFeed):
             raise ValueError(f"feed={feed!r} is not allowed: give the lbbsp.keras.BalancedFeed passed to fit()")
@@ -85,7 +93,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.state_path, self.state_every = state_path, state_every
         self.feed = feed
         self.controller = BalanceController(policy, warmup_steps, plan_ahead)
-        self.forecaster = Forecaster(predictor) if self.controller.uses_forecast else None
+        budget = check_budget(forecast_budget)
+        self.forecaster = Forecaster(predictor, budget=budget) if self.controller.uses_forecast else None
         self._worker = Background()
         self.sync_metrics = bool(sync_metrics)
         self.csv_path = csv_path
@@ -175,6 +184,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._state.on_local = self._on_local
         self._epoch = epoch
         self._train_metrics = {}
+        self._counts_before = self._forecast_counts()
 
     def _abandon(self):
         """Let decisions queued by an interrupted fit finish; their results are of no use any more."""
@@ -289,7 +299,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         """
         started = time.perf_counter()
         features = None
-        if self._telemetry is not None:
+        wanted = self.csv_path or self.forecaster is None or self.forecaster.wants_features
+        if self._telemetry is not None and wanted:
             try:
                 features = self._telemetry.sample()
             except Exception as exc:  # noqa: BLE001 - telemetry that fails degrades to no features
@@ -298,13 +309,18 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         forecast = math.nan
         offset = float(self.controller.offsets()[self.rank])
         if self.forecaster is not None and self.controller.steps_seen >= self.controller.warmup_steps:
-            forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features)
+            share = self._telemetry.cpu_share if self._telemetry is not None else 1.0
+            forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features, share)
         self._local = (compute, offset, forecast, features, time.perf_counter() - started)
         return {"forecast": forecast}
+
+    def _forecast_counts(self):
+        return (self.forecaster.model_steps, self.forecaster.last_value_steps) if self.forecaster else (0, 0)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._train_metrics = {}
+        self._counts_before = self._forecast_counts()
         # Work between epochs (validation, checkpoints) is not part of any step's busy time.
         self._state.restart_clock()
 
@@ -403,6 +419,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if self.sync_metrics and any(key.startswith("val_") for key in logs):
             logs.update(global_metric_results(self.model, prefix="val_"))
         logs.update(self.steps.epoch_summary())
+        model, last = (now - before for now, before in zip(self._forecast_counts(), self._counts_before))
+        if model + last:
+            logs["lbbsp_model_share"] = model / (model + last)
 
     def on_train_end(self, logs=None):
         self.feed.close()
