@@ -10,8 +10,9 @@
   sees it, lbbsp.exchange: the previous step's forecast included), allreduce
   (the blocked time of the last rank to be ready, which waits for no one),
   waiting for slower ranks (the rest of the blocked time), the plugin's own
-  work, and the time the worker's cgroup was throttled (inside compute or
-  allreduce);
+  work in wall time and in CPU time (under a CPU quota the wall time holds
+  whatever stall lands in the plugin's code; the CPU time is its cost), and
+  the time the worker's cgroup was throttled (inside compute or allreduce);
 - recovery: for each change of a worker's injected contention (the scenario's
   state, recorded per step by the benchmark worker), the step efficiency T*/T
   at that step and the RECOVERY_STEPS - 1 steps after it. With plan_ahead = 1
@@ -52,6 +53,7 @@ def breakdown(histories, skip_epochs=1):
         "allreduce": allreduce,
         "waiting": wait - allreduce,
         "plugin": step_matrix(histories, "overhead", skip_epochs),
+        "plugin_cpu": step_matrix(histories, "overhead_cpu", skip_epochs),
         "throttled": step_matrix(histories, "throttled", skip_epochs),
     }
     return {name: [round(1e3 * float(v), 3) for v in np.nanmean(m, axis=0)] for name, m in parts.items()}

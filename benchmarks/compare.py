@@ -149,18 +149,19 @@ def table(results, scenario, ideals=None):
 
 
 def breakdown_table(results):
-    """Markdown: per variant and rank, median ms per step of compute / allreduce / waiting / plugin / throttled,
-    and the share of forecasts the predictor made (the rest were the last measured speed; "-" without one)."""
-    lines = ["| variant | rank | compute | allreduce | waiting | plugin | throttled | model % |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Markdown: per variant and rank, median ms per step of compute / allreduce / waiting / plugin (wall) /
+    plugin CPU / throttled, and the share of forecasts the predictor made (the rest were the last measured
+    speed; "-" without one)."""
+    lines = ["| variant | rank | compute | allreduce | waiting | plugin | plugin CPU | throttled | model % |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, runs in results.items():
         parts = [r["breakdown"] for r in runs if r.get("breakdown")]
         if not parts:
             continue
         shares = [r["model_share"] for r in runs if r.get("model_share")]
         for rank in range(len(parts[0]["compute"])):
-            cells = [f"{np.median([p[name][rank] for p in parts]):.1f}"
-                     for name in ("compute", "allreduce", "waiting", "plugin", "throttled")]
+            cells = [f"{np.median([p.get(name, [np.nan] * (rank + 1))[rank] for p in parts]):.1f}"
+                     for name in ("compute", "allreduce", "waiting", "plugin", "plugin_cpu", "throttled")]
             cells.append(f"{100 * np.median([s[rank] for s in shares]):.0f}" if shares else "-")
             lines.append(f"| {label} | {rank} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ __all__ = ["StepLog", "FIELDS"]
 #: Columns of the per-step CSV (telemetry features follow where they were read).
 FIELDS = (
     "time", "epoch", "step", "rank", "workers", "global_batch", "batch_size", "compute", "wait", "step_time",
-    "speed", "offset", "forecast", "next_batch_size", "efficiency", "overhead", "background",
+    "speed", "offset", "forecast", "next_batch_size", "efficiency", "overhead", "overhead_cpu", "background",
 )
 
 
@@ -45,7 +45,7 @@ class StepLog:
         self.rows.append(row)
         self.steps += 1
         self._n += 1
-        for key in ("batch_size", "wait", "step_time", "overhead", "background"):
+        for key in ("batch_size", "wait", "step_time", "overhead", "overhead_cpu", "background"):
             value = row.get(key, math.nan)
             if math.isfinite(value):
                 self._sums[key] += value
@@ -61,6 +61,7 @@ class StepLog:
             out["lbbsp_batch"] = s["batch_size"] / self._n
             out["lbbsp_idle_fraction"] = s["wait"] / s["step_time"] if s["step_time"] > 0 else 0.0
             out["lbbsp_overhead_ms"] = 1e3 * s["overhead"] / self._n
+            out["lbbsp_overhead_cpu_ms"] = 1e3 * s["overhead_cpu"] / self._n
             out["lbbsp_background_ms"] = 1e3 * s["background"] / self._n
         if self._eff[1] > 0:
             out["lbbsp_efficiency"] = self._eff[0] / self._eff[1]

@@ -48,12 +48,14 @@ def test_logs_history_and_csv(tmp_path):
     assert {"lbbsp_batch", "lbbsp_speed", "lbbsp_forecast", "lbbsp_compute_ms", "lbbsp_wait_ms"} <= set(seen[-1])
     assert [s["lbbsp_batch"] for s in seen[:4]] == [16, 16, 16, 2]
     assert len(balancer.history) == 8 and balancer.history[-1]["batch_size"] == 2
-    for key in ("lbbsp_batch", "lbbsp_efficiency", "lbbsp_idle_fraction", "lbbsp_overhead_ms", "loss", "mae"):
+    for key in ("lbbsp_batch", "lbbsp_efficiency", "lbbsp_idle_fraction", "lbbsp_overhead_ms", "lbbsp_overhead_cpu_ms",
+                "loss", "mae"):
         assert len(hist.history[key]) == 2
     assert "lbbsp_speed" not in hist.history, "per-step values stay out of the epoch logs"
     assert hist.history["lbbsp_batch"][0] == (16 * 3 + 2) / 4
     rows = list(csv.DictReader(open(tmp_path / "steps_0.csv")))
     assert len(rows) == 8 and rows[0]["rank"] == "0" and float(rows[-1]["compute"]) > 0
+    assert 0 < float(rows[-1]["overhead_cpu"]) <= float(rows[-1]["overhead"]) + 1e-4
     assert "proc_cpu" in rows[0], "telemetry columns go with the CSV"
 
 

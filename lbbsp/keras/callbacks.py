@@ -73,7 +73,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     Per step it writes `lbbsp_batch`, `lbbsp_speed`, `lbbsp_forecast`,
     `lbbsp_compute_ms` and `lbbsp_wait_ms` into the batch logs; per epoch
     `lbbsp_batch` (mean), `lbbsp_efficiency`, `lbbsp_idle_fraction`,
-    `lbbsp_overhead_ms` (plugin time on the step's critical path),
+    `lbbsp_overhead_ms` (plugin time on the step's critical path; on a
+    worker under a CPU quota it holds whatever quota stall lands in it),
+    `lbbsp_overhead_cpu_ms` (the CPU time of that work: what the plugin costs),
     `lbbsp_background_ms` (the decision, off it) and, with a predictor,
     `lbbsp_model_share` (the share of this epoch's forecasts this worker's
     predictor made; the rest were its last measured speed) into the epoch logs.
@@ -297,7 +299,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         predictor's time before this worker's allreduce (about 0.1 ms for the
         NARX, microseconds for EMA and last value).
         """
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         features = None
         wanted = self.csv_path or self.forecaster is None or self.forecaster.wants_features
         if self._telemetry is not None and wanted:
@@ -311,7 +313,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if self.forecaster is not None and self.controller.steps_seen >= self.controller.warmup_steps:
             share = self._telemetry.cpu_share if self._telemetry is not None else 1.0
             forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features, share)
-        self._local = (compute, offset, forecast, features, time.perf_counter() - started)
+        self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
         return {"forecast": forecast}
 
     def _forecast_counts(self):
@@ -334,7 +336,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             self._collect()
 
     def on_train_batch_begin(self, step, logs=None):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         self._t_begin = time.time()
         key = (self._epoch, step)
         while key not in self._plans and self._decisions:
@@ -351,11 +353,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._state.set_scale(self._sizes[self.rank] / float(self.feed.epoch_schedule.of(self._epoch)[step]))
         self._steps_before = self._state.steps
         self._local = None
-        self._overhead = time.perf_counter() - started
+        self._overhead, self._overhead_cpu = time.perf_counter() - started, time.thread_time() - cpu
 
     def on_train_batch_end(self, step, logs=None):
         t_end = time.time()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         state = self._state
         local = int(self._sizes[self.rank])
         served, times = self.feed.served(self._epoch, step)
@@ -372,7 +374,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 "lbbsp: the train step did not go through lbbsp.keras.DistributedOptimizer's gradients "
                 "(a custom train_step must call optimizer.minimize or optimizer.compute_gradients)"
             )
-        compute, offset, forecast, features, local_cost = self._local
+        compute, offset, forecast, features, local_cost, local_cpu = self._local
         wait = state.done - state.joined
         row = dict(
             time=t_end, epoch=self._epoch, step=step, rank=self.rank, workers=self.size,
@@ -383,6 +385,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if features is not None:
             row.update(zip(self.steps.columns[len(FIELDS):], (float(v) for v in features)))
         row["overhead"] = self._overhead + local_cost + time.perf_counter() - started
+        row["overhead_cpu"] = self._overhead_cpu + local_cpu + time.thread_time() - cpu
         self._decisions.append(self._worker.submit(self._decide, self._epoch, step, state.gathered.copy(),
                                                    self._sizes, row))
         if self.controller.plan_ahead == 0:
