@@ -59,7 +59,8 @@ class Forecaster:
     forecast (before any, the last measured speed), with one warning per kind
     of failure.
 
-    Cost: the predictor's expected wall time per forecast, the larger of
+    Cost: the predictor's expected wall time per forecast (with the time
+    its machine readings took, for a predictor that reads them), the larger of
     its median wall time (a co-located process that shares the core shows
     there) and its median CPU time divided by the share of a core the
     worker may use (a CFS quota stalls the worker once the period's quota
@@ -152,11 +153,13 @@ class Forecaster:
                     else "forecasting with it again")
         return not over
 
-    def update(self, batch, compute, offset=0.0, features=None, cpu_share=1.0):
+    def update(self, batch, compute, offset=0.0, features=None, cpu_share=1.0, features_cost=(0.0, 0.0)):
         """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast.
 
         `cpu_share`: the share of a core this worker may use (its CPU quota,
         at most 1), by which the predictor's CPU time stretches into wall time.
+        `features_cost`: (wall, CPU) seconds that reading `features` took,
+        counted in the cost of a predictor that uses them.
         """
         self._cpu_share = float(cpu_share) if 0.0 < cpu_share <= 1.0 else 1.0
         speed = batch_free_speed(batch, compute, offset)
@@ -191,7 +194,8 @@ class Forecaster:
                                      f"{self.low:.4g}..{self.high:.4g}")
                 value = None
         finally:
-            self._costs.append((self._clock() - started, self._cpu_clock() - cpu))
+            extra = features_cost if self.uses_features and features is not None else (0.0, 0.0)
+            self._costs.append((self._clock() - started + extra[0], self._cpu_clock() - cpu + extra[1]))
         if value is None:
             return self.last_good if is_valid_speed(self.last_good) else self.last_speed
         self.last_good = float(value)

@@ -309,3 +309,16 @@ def test_forecaster_cost_is_the_larger_of_wall_and_cpu_over_the_quota():
     assert f.cost == pytest.approx(0.0003)
     f.update(100, 0.02, cpu_share=0.2)  # a quota of 0.2 cores: 0.1 ms of CPU costs 0.5 ms on average
     assert f.cost == pytest.approx(0.0005)
+
+
+def test_forecaster_counts_the_readings_a_feature_predictor_needs():
+    # 0.6 ms of predictor on a 100 ms step is within a 1% budget; with 0.6 ms of readings it is not.
+    # A predictor that reads no features is not charged for readings taken for something else.
+    for uses_features, reading, gated in ((True, 0.0, False), (True, 0.0006, True), (False, 0.0006, False)):
+        clock = _Clock()
+        predictor = _slow_predictor(clock, [0.0006])
+        predictor.uses_features = uses_features
+        f = Forecaster(predictor, budget=0.01, clock=clock, cpu_clock=clock)
+        for _ in range(8):
+            f.update(100, 0.1, features=np.zeros(8), features_cost=(reading, reading))
+        assert (f.last_value_steps > 0) is gated, (uses_features, reading)

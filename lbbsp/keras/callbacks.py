@@ -300,11 +300,13 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         NARX, microseconds for EMA and last value).
         """
         started, cpu = time.perf_counter(), time.thread_time()
-        features = None
+        features, reading = None, (0.0, 0.0)
         wanted = self.csv_path or self.forecaster is None or self.forecaster.wants_features
         if self._telemetry is not None and wanted:
             try:
                 features = self._telemetry.sample()
+                spent = time.thread_time() - cpu  # CPU only: a pending quota stall lands at its first read
+                reading = (spent, spent)
             except Exception as exc:  # noqa: BLE001 - telemetry that fails degrades to no features
                 log.warning("telemetry failed (%r); forecasting without machine readings from now on", exc)
                 self._telemetry = None
@@ -312,7 +314,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         offset = float(self.controller.offsets()[self.rank])
         if self.forecaster is not None and self.controller.steps_seen >= self.controller.warmup_steps:
             share = self._telemetry.cpu_share if self._telemetry is not None else 1.0
-            forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features, share)
+            forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features, share, reading)
         self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
         return {"forecast": forecast}
 
