@@ -60,7 +60,8 @@ __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PRO
 PROFILES = ("recorded", "low-noise")
 POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
                        **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None),
-                          "lagged-mean-oracle": ("lagged-mean-oracle", None)})
+                          "lagged-mean-oracle": ("lagged-mean-oracle", None),
+                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")})
 
 
 def _rolling_mean(x, window):
@@ -173,6 +174,8 @@ def _policy(name, cluster, lag):
         return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
     if name == "lbbsp-va":
         return LBBSPPolicy(variance_aware=True)
+    if name == "lbbsp-noshrink":
+        return LBBSPPolicy(shrink_noise=False)
     return name
 
 

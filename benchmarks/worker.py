@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from lbbsp.policies import POLICIES
+from lbbsp.policies import POLICIES, LBBSPPolicy
 
 POLICY_CHOICES = tuple(POLICIES) + ("horovod", "oracle")
 
@@ -43,6 +43,8 @@ def parse(argv=None):
     parser.add_argument("--forecast-budget", default=None,
                         help="LoadBalancer forecast_budget: a share of compute time, or 'none' to run the predictor "
                              "at every step (default: lbbsp.forecasting.FORECAST_BUDGET)")
+    parser.add_argument("--no-shrink-noise", action="store_true",
+                        help="lbbsp policy with shrink_noise=False: every departure of the forecasts moves the split")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -54,6 +56,8 @@ def parse(argv=None):
         except ValueError:
             parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
         args.forecast_budget = {"forecast_budget": value}
+    if args.no_shrink_noise and args.policy != "lbbsp":
+        parser.error(f"--no-shrink-noise is an option of --policy lbbsp, not of --policy {args.policy}")
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -226,6 +230,8 @@ def main(argv=None):
                                                  batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
+        if args.no_shrink_noise:
+            policy = LBBSPPolicy(shrink_noise=False)
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
             from .oracle import CurveBook, OraclePolicy, load_curves
 

@@ -32,7 +32,7 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "tail_speeds", "default_multiple", "Rebalancer"]
+           "tail_speeds", "shrink_to_current", "default_multiple", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -250,6 +250,37 @@ def tail_speeds(speeds, spread, z=None):
     if z is None:
         z = np.sqrt(2.0 * np.log(max(v.size, 2)))
     return v * np.exp(-z * s)
+
+
+def shrink_to_current(speeds, offsets, batches, noise, free):
+    """Speeds whose departures from the balance point of the current split are shrunk by their evidence.
+
+    The current split `batches` finishes together at speeds proportional to
+    k_i + b_i. A free worker's log departure from those, d_i (after the free
+    workers' common factor is removed), becomes d_i (1 - noise_i^2 / d_i^2)
+    where |d_i| > noise_i and 0 otherwise (a non-negative garrote):
+    a departure within one per-step noise of a worker is taken for noise and
+    leaves the split where it is, a large one passes almost whole. On
+    identical workers a forecast that wanders with timing noise then stops
+    moving batches back and forth, while a real difference (a slower GPU, a
+    quota) still moves them at once. Workers not `free` (at a bound, so the
+    split is not balanced for them, or just measured to jump) keep their
+    speeds, and so does everyone with fewer than two free workers. Inputs
+    must be clean (see `sanitize`); `noise` is each worker's standard
+    deviation of one log speed measurement.
+    """
+    v = np.asarray(speeds, dtype=np.float64)
+    free = np.asarray(free, dtype=bool)
+    if np.count_nonzero(free) < 2:
+        return v.copy()
+    balanced = np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
+    departure = np.log(v) - balanced
+    departure -= np.mean(departure[free])
+    noise2 = np.square(np.nan_to_num(np.asarray(noise, dtype=np.float64), nan=0.0, posinf=0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        keep = np.where(departure * departure > noise2, 1.0 - noise2 / (departure * departure), 0.0)
+    shrunk = np.log(v) - (1.0 - keep) * departure
+    return np.where(free, np.exp(shrunk), v)
 
 
 def _finish(batches, speeds, offsets):

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Rebalancer, allocate, allocate_clean, sanitize, tail_speeds, validate_bounds
+from .allocation import Rebalancer, allocate, allocate_clean, sanitize, shrink_to_current, tail_speeds, validate_bounds
 from .membership import remap_workers
 from .steptime import StepTimeModel
 from .uncertainty import PlanningError
@@ -274,7 +274,11 @@ class LBBSPPolicy(Policy):
     moves by more than a factor `max_change` in one decision (a trust region
     around the batches the model was fitted on), unless the model just
     measured that worker's speed jump: then it may move by the measured
-    ratio. With `variance_aware`, the split balances a high quantile of each
+    ratio. With `shrink_noise` (default), a worker's departure from the
+    speeds the current split balances counts only by how far it exceeds
+    that worker's per-step noise (lbbsp.allocation.shrink_to_current, the
+    noise measured by the model): identical workers keep their split through
+    timing noise, different ones move at once. With `variance_aware`, the split balances a high quantile of each
     worker's time instead of its mean, giving slack to the workers whose
     planned speeds have been furthest from the speeds they then ran at
     (lbbsp.uncertainty, lbbsp.allocation.tail_speeds): with many workers the
@@ -299,8 +303,12 @@ class LBBSPPolicy(Policy):
             raise ValueError("an lbbsp state without planning errors cannot be loaded (saved by an older version)")
         self.errors.load_state(state["errors"])
 
-    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0):
+    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0,
+                 shrink_noise=True):
         self.rebalancer = Rebalancer(min_gain, min_step)
+        if not isinstance(shrink_noise, bool):
+            raise ValueError(f"shrink_noise={shrink_noise!r} is not allowed: it must be True or False")
+        self.shrink_noise = shrink_noise
         if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not max_change > 1:
             raise ValueError(f"max_change={max_change!r} is not allowed: it must be a number > 1")
         self.max_change = float(max_change)
@@ -339,16 +347,19 @@ class LBBSPPolicy(Policy):
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
         trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
-        speeds = self.speeds(stats.forecast)
-        if self.variance_aware:
-            if stats.target is not None:
-                self.errors.plan(stats.target, speeds)
-            speeds = tail_speeds(speeds, self.errors.spread)
         total = int(self.batches.sum())
         if total != self._bounds[0]:
             _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)
             self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
         _, lower, upper = self._bounds
+        speeds = self.speeds(stats.forecast)
+        if self.shrink_noise:
+            free = (self.batches > lower) & (self.batches < upper) & ~self.model.changed
+            speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
+        if self.variance_aware:
+            if stats.target is not None:
+                self.errors.plan(stats.target, speeds)
+            speeds = tail_speeds(speeds, self.errors.spread)
         if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
             target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
                                     max_change=trust, multiple=self.multiple)

@@ -127,6 +127,12 @@ class StepTimeModel:
         return np.sqrt(self._resid)
 
     @property
+    def noise(self):
+        """Each worker's noise of one log speed measurement: its spread over sqrt(2), since the spread is of
+        the difference of two consecutive steps' independent noises."""
+        return np.sqrt(self._resid / 2.0)
+
+    @property
     def threshold(self):
         """Each worker's largest |log| deviation from its last measurement that noise explains, max(change, 4 x spread)."""
         return np.maximum(self.change, 4.0 * np.sqrt(self._resid))
