@@ -260,7 +260,8 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     workers' common factor is removed), becomes d_i (1 - noise_i^2 / d_i^2)
     where |d_i| > noise_i and 0 otherwise (a non-negative garrote):
     a departure within one per-step noise of a worker is taken for noise and
-    leaves the split where it is, a large one passes almost whole. On
+    leaves the split where it is, a large one passes almost whole; the free
+    workers' mean log speed is kept (their level against the others). On
     identical workers a forecast that wanders with timing noise then stops
     moving batches back and forth, while a real difference (a slower GPU, a
     quota) still moves them at once. Workers not `free` (at a bound, so the
@@ -279,8 +280,8 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     noise2 = np.square(np.nan_to_num(np.asarray(noise, dtype=np.float64), nan=0.0, posinf=0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         keep = np.where(departure * departure > noise2, 1.0 - noise2 / (departure * departure), 0.0)
-    shrunk = np.log(v) - (1.0 - keep) * departure
-    return np.where(free, np.exp(shrunk), v)
+    pull = (1.0 - keep) * departure
+    return np.where(free, np.exp(np.log(v) - pull + np.mean(pull[free])), v)
 
 
 def _finish(batches, speeds, offsets):

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbsp.allocation import Rebalancer, allocate, continuous_split, default_multiple, predicted_time, sanitize
+from lbbsp.allocation import (Rebalancer, allocate, continuous_split, default_multiple, predicted_time, sanitize,
+                              shrink_to_current)
 
 speed = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 offset = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
@@ -328,3 +329,49 @@ def test_default_grid_keeps_the_equal_split_and_eight_steps_per_share(global_bat
     assert global_batch % workers or (share % q == 0 and (q == 1 or share >= 8 * q))
     equal = allocate(np.ones(workers), global_batch, multiple=q)
     assert global_batch % workers or (equal == share).all()
+
+
+@st.composite
+def departures(draw):
+    n = draw(st.integers(2, 10))
+    batches = np.array(draw(st.lists(st.integers(1, 500), min_size=n, max_size=n)))
+    k = np.array(draw(st.lists(offset, min_size=n, max_size=n)))
+    v = np.array(draw(st.lists(speed, min_size=n, max_size=n)))
+    noise = np.array(draw(st.lists(st.floats(0.0, 0.5), min_size=n, max_size=n)))
+    free = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    return v, k, batches, noise, free
+
+
+@given(departures())
+@settings(max_examples=300, deadline=None)
+def test_shrinkage_only_pulls_free_workers_towards_the_current_split(case):
+    v, k, batches, noise, free = case
+    out = shrink_to_current(v, k, batches, noise, free)
+    assert np.all(np.isfinite(out)) and np.all(out > 0)
+    if free.sum() < 2:
+        assert out.tolist() == v.tolist()
+        return
+    assert out[~free].tolist() == v[~free].tolist()
+    assert np.isclose(np.mean(np.log(out[free])), np.mean(np.log(v[free])), rtol=0, atol=1e-9)
+    # Departures from the speeds that balance the current split, net of the free workers' common factor:
+    # within its noise a departure is gone, beyond it the departure d becomes d - noise^2 / d.
+    balanced = np.log(k + batches)[free]
+    before = np.log(v[free]) - balanced
+    before -= before.mean()
+    after = np.log(out[free]) - balanced
+    expected = np.where(np.abs(before) > noise[free], before - noise[free] ** 2 / np.where(before == 0, 1, before), 0.0)
+    assert np.allclose(after - after.mean(), expected - expected.mean(), atol=1e-9)
+    assert np.all(np.abs(expected) <= np.abs(before)) and np.all(expected * before >= 0)
+    assert shrink_to_current(v, k, batches, noise, free).tobytes() == out.tobytes()
+
+
+def test_shrinkage_without_noise_changes_nothing_and_a_split_within_noise_is_kept():
+    v, k, batches = np.array([100.0, 90.0, 300.0]), np.array([8.0, 8.0, 8.0]), np.array([80, 80, 96])
+    assert np.allclose(shrink_to_current(v, k, batches, np.zeros(3), np.ones(3, bool)), v)
+    # Workers 0 and 1 differ by 10%, within their 8% noise each: the shrunk speeds balance the current split.
+    shrunk = shrink_to_current(v, k, batches, np.array([0.08, 0.08, 0.08]), np.array([True, True, False]))
+    assert np.isclose(shrunk[0] / shrunk[1], 1.0) and shrunk[2] == v[2]
+    assert allocate(shrunk[:2], 160, offsets=k[:2]).tolist() == [80, 80]
+    # A 2x difference passes almost whole.
+    far = shrink_to_current(np.array([200.0, 100.0]), k[:2], batches[:2], np.array([0.08, 0.08]), np.ones(2, bool))
+    assert 1.9 < far[0] / far[1] < 2.0

@@ -9,7 +9,7 @@ from lbbsp import exchange
 from lbbsp.controller import BalanceController
 from lbbsp.forecasting import Forecaster
 from lbbsp.history import StepLog
-from lbbsp.policies import POLICIES, LBBSPPolicy, make_policy
+from lbbsp.policies import POLICIES, LBBSPPolicy, StepStats, make_policy
 from predictor import EMAPredictor
 
 
@@ -210,6 +210,33 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
         sent, ema = ema, ema + 0.3 * (v - ema)
         eta.append(((B + 2 * k) / v.sum()) / np.max((k + b) / v))
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
+
+
+def _moves(policy, speeds_of, steps=200, seed=0, noise=0.06, k=16.0, total=256):
+    """Split changes of `policy` on workers whose step times carry log-normal noise; and the last split."""
+    rng = np.random.default_rng(seed)
+    n = speeds_of(0).size
+    batches, moves = policy.start(n, total, multiple=8), 0
+    for step in range(steps):
+        compute = (k + batches) / (speeds_of(step) * np.exp(rng.normal(0.0, noise, n)))
+        stats = StepStats(step=step, batches=batches, compute=compute, wait=np.zeros(n),
+                          forecast=np.full(n, np.nan), target=step + 1)
+        new = policy.after_step(stats, total)
+        moves += int(not np.array_equal(new, batches))
+        batches = new
+    return moves, batches
+
+
+def test_noise_shrinkage_keeps_identical_workers_still_and_still_follows_real_differences():
+    identical = lambda step: np.full(2, 1000.0)
+    shrunk, _ = _moves(LBBSPPolicy(), identical)
+    every, _ = _moves(LBBSPPolicy(shrink_noise=False), identical)
+    assert shrunk * 3 <= every and every >= 20, (shrunk, every)
+    # Worker 1 at a third of the speed from step 50: the split follows it within three steps.
+    _, after = _moves(LBBSPPolicy(), lambda step: np.array([1000.0, 1000.0 if step < 50 else 333.0]), steps=53)
+    assert after[0] >= 2.5 * after[1], after
+    with pytest.raises(ValueError, match="shrink_noise=1"):
+        LBBSPPolicy(shrink_noise=1)
 
 
 class _Clock:
