@@ -32,7 +32,7 @@ VARIANTS = {
 
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
-LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "pid-exact", "lbbsp-ema-exact",
-             "lbbsp-narx-exact", "lbbsp-last-exact")
+LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "pid-exact",
+             "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.
 LIVE_DEFAULT = tuple(v for v in VARIANTS if v not in LIVE_ONLY or v in ("horovod", "pid-exact", "lbbsp-narx-exact"))

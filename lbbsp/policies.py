@@ -278,11 +278,12 @@ class LBBSPPolicy(Policy):
     speeds the current split balances counts only by how far it exceeds
     that worker's per-step noise (lbbsp.allocation.shrink_to_current, the
     noise measured by the model): identical workers keep their split through
-    timing noise, different ones move at once. With `variance_aware`, the split balances a high quantile of each
-    worker's time instead of its mean, giving slack to the workers whose
-    planned speeds have been furthest from the speeds they then ran at
-    (lbbsp.uncertainty, lbbsp.allocation.tail_speeds): with many workers the
-    largest error sets the pace. `model` takes a StepTimeModel or a dict of
+    timing noise, different ones move at once. With `variance_aware`, the
+    split balances a high quantile of each worker's time instead of its
+    mean, giving slack to the workers whose planned speeds have been
+    furthest from the speeds they then ran at (lbbsp.uncertainty,
+    lbbsp.allocation.tail_speeds): with many workers the largest error sets
+    the pace. `model` takes a StepTimeModel or a dict of
     its arguments.
     """
 
@@ -353,8 +354,9 @@ class LBBSPPolicy(Policy):
             self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
         _, lower, upper = self._bounds
         speeds = self.speeds(stats.forecast)
-        if self.shrink_noise:
-            free = (self.batches > lower) & (self.batches < upper) & ~self.model.changed
+        if self.shrink_noise:  # free: off the bounds as the grid rounds them (a worker at 8 of q = 8 is at its floor)
+            q = self.multiple
+            free = (self.batches > -(-lower // q) * q) & (self.batches < upper // q * q) & ~self.model.changed
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
         if self.variance_aware:
             if stats.target is not None:
