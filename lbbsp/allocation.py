@@ -32,7 +32,7 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "tail_speeds", "shrink_to_current", "default_multiple", "Rebalancer"]
+           "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -209,13 +209,19 @@ def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None, near=None,
                           int(multiple))
 
 
+def grid_units(lower, upper, multiple):
+    """The per-worker bounds on the batch grid, in units of `multiple`: rounded inwards (b_min = 1 with q = 8
+    makes a floor of one unit, 8 samples)."""
+    return -(-lower // multiple), upper // multiple
+
+
 def allocate_clean(speeds, offsets, total, lower, upper, near=None, max_change=2.0, multiple=1):
     """`allocate` for inputs already checked: positive finite speeds, finite offsets >= 0, integer bound
     arrays with sum(lower) <= total <= sum(upper), an integer multiple >= 1. The per-step path of the
     policies, where the bounds were validated once at the start of training. `max_change` may be one
     factor per worker."""
     if multiple > 1:
-        units, lo, hi = total // multiple, -(-lower // multiple), upper // multiple
+        units, (lo, hi) = total // multiple, grid_units(lower, upper, multiple)
         if np.all(lo <= hi) and lo.sum() <= units <= hi.sum():
             on_grid = _allocate_within(speeds / multiple, offsets / multiple, units, lo, hi,
                                        None if near is None else np.asarray(near) / multiple, max_change)

@@ -9,7 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Rebalancer, allocate, allocate_clean, sanitize, shrink_to_current, tail_speeds, validate_bounds
+from .allocation import (Rebalancer, allocate, allocate_clean, grid_units, sanitize, shrink_to_current, tail_speeds,
+                         validate_bounds)
 from .membership import remap_workers
 from .steptime import StepTimeModel
 from .uncertainty import PlanningError
@@ -327,7 +328,7 @@ class LBBSPPolicy(Policy):
         self.rebalancer.start(num_workers)
         self.errors.start(num_workers)
         self._speeds = None
-        self._bounds = (None, None, None)
+        self._bounds = (None, None, None, None)
         return batches
 
     def speeds(self, forecast):
@@ -351,12 +352,14 @@ class LBBSPPolicy(Policy):
         total = int(self.batches.sum())
         if total != self._bounds[0]:
             _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)
-            self._bounds = (total, np.full(self.num_workers, self.b_min, dtype=np.int64), upper)
-        _, lower, upper = self._bounds
+            lower = np.full(self.num_workers, self.b_min, dtype=np.int64)
+            # The bounds as the grid rounds them, in samples: a worker at 8 with q = 8 and b_min = 1 is at its floor.
+            on_grid = np.stack(grid_units(lower, upper, self.multiple)) * self.multiple
+            self._bounds = (total, lower, upper, on_grid)
+        _, lower, upper, (grid_lower, grid_upper) = self._bounds
         speeds = self.speeds(stats.forecast)
-        if self.shrink_noise:  # free: off the bounds as the grid rounds them (a worker at 8 of q = 8 is at its floor)
-            q = self.multiple
-            free = (self.batches > -(-lower // q) * q) & (self.batches < upper // q * q) & ~self.model.changed
+        if self.shrink_noise:
+            free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
         if self.variance_aware:
             if stats.target is not None:

@@ -130,7 +130,7 @@ class StepTimeModel:
     def noise(self):
         """Each worker's noise of one log speed measurement: its spread over sqrt(2), since the spread is of
         the difference of two consecutive steps' independent noises."""
-        return np.sqrt(self._resid / 2.0)
+        return self.spread / math.sqrt(2.0)
 
     @property
     def threshold(self):
