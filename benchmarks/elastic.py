@@ -6,7 +6,10 @@ Horovod Elastic on this machine ("localhost" and "127.0.0.1" are two hosts
 to it, as in Horovod's own elastic tests). Two workers on localhost start
 with CPU quotas of 0.6 core each (the conv workload); after 12 steps the
 discovery script adds 127.0.0.1 with one slot, a worker at 0.3 core (half
-speed); after 16 steps there it kills itself with SIGKILL, mid-epoch. Every
+speed), and the first two wait at that step until the driver has seen it
+(else a slow driver poll leaves the new membership a varying number of
+steps, or none); after 16 steps there it kills itself with SIGKILL,
+mid-epoch. Every
 policy runs the same events (interleaved repeats, plain Horovod's equal
 split first); each run reports its wall time and, per membership change,
 the time from the event (hosts file rewritten, or the kill) to the first
@@ -31,6 +34,7 @@ import numpy as np
 POLICIES = {"horovod": "equal", "lbbsp": "lbbsp", "pid": "pid"}
 QUOTA = {"localhost": 0.6, "127.0.0.1": 0.3}
 JOIN_AFTER, DIE_AFTER = 12, 16
+JOIN_WAIT = 120.0  # seconds the first workers wait at the join for the driver to add the new host
 
 
 def worker(run_dir, policy, epochs):
@@ -58,13 +62,20 @@ def worker(run_dir, policy, epochs):
 
         def on_train_batch_end(self, step, logs=None):
             count["steps"] += 1
+            if host == "127.0.0.1" or count["steps"] != JOIN_AFTER:
+                return
             hosts = os.path.join(run_dir, "hosts")
-            if hvd.rank() == 0 and count["steps"] == JOIN_AFTER and not os.path.exists(hosts + ".joined"):
+            if hvd.rank() == 0:
                 with open(hosts + ".tmp", "w") as fh:
                     fh.write("localhost:2\n127.0.0.1:1\n")
                 os.replace(hosts + ".tmp", hosts)
-                open(hosts + ".joined", "w").close()
                 note("join")
+            # Hold the first two workers until the driver has seen the new host, so that the steps left for
+            # the new membership do not depend on how fast the driver polls on a busy machine. Each
+            # check is a broadcast from rank 0, so every rank leaves the loop at the same check.
+            for _ in range(int(JOIN_WAIT / 0.1)):
+                time.sleep(0.1)
+                state.check_host_updates()
 
     x, y, _, _ = load_data("conv", num_samples=2048)
     model = build_model("conv")
