@@ -32,7 +32,7 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "Rebalancer"]
+           "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "finer_grid", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -213,6 +213,22 @@ def grid_units(lower, upper, multiple):
     """The per-worker bounds on the batch grid, in units of `multiple`: rounded inwards (b_min = 1 with q = 8
     makes a floor of one unit, 8 samples)."""
     return -(-lower // multiple), upper // multiple
+
+
+def finer_grid(best, lower, multiple):
+    """The coarsest grid that holds no worker above its best batch: the largest divisor q of `multiple`
+    whose floor ceil(lower_i / q) q is at most max(best_i, lower_i) for every worker.
+
+    `best` is the split the worker would get without a grid (e.g. `continuous_split`). A worker a quarter
+    as fast as the others with B / N = 64 may be best at 4-6 samples; a grid of 8 holds it at 8, which on
+    that worker sets every step. q = 1 always qualifies (its floor is lower_i itself).
+    """
+    best = np.maximum(np.asarray(best, dtype=np.float64), lower)
+    multiple = int(multiple)
+    for q in range(multiple, 1, -1):
+        if multiple % q == 0 and np.all(-(-lower // q) * q <= best + 1e-9):
+            return q
+    return 1
 
 
 def allocate_clean(speeds, offsets, total, lower, upper, near=None, max_change=2.0, multiple=1):

@@ -316,3 +316,11 @@ def test_elastic_fit_outside_a_launcher_trains_every_epoch_once():
     assert state.lbbsp["position"] == 0 and state.lbbsp["epoch"] == 3 and state.lbbsp["workers"] == [
         lb.worker_identity()]
     assert lb.elastic.fit(state, epochs=3) is None, "nothing left to train"
+
+
+@pytest.mark.parametrize("batch_multiple, refine", [(None, True), (1, False), (4, False)])
+def test_only_the_default_grid_may_be_refined_by_the_policy(batch_multiple, refine):
+    policy = Policy()
+    feed = lb.BalancedFeed(X, Y, global_batch=16, batch_multiple=batch_multiple)
+    fit(tiny(), feed, lb.LoadBalancer(feed, policy=policy), epochs=1)
+    assert policy.refine_grid is refine and policy.multiple == feed.grid

@@ -49,6 +49,7 @@ def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares):
 @pytest.mark.parametrize("num_proc, predictor, pipeline, multiple", [
     (1, "random", "function", 1), (2, "random", "function", 1), (3, "random", "function", 1),
     (3, "failing", "function", 1), (2, "random", "sample", 1), (3, "random", "sample", 4),
+    (3, "random", "function", "auto"),
 ])
 def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor, pipeline, multiple):
     out = tmp_path / "result.json"
@@ -60,9 +61,16 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
         assert np.array_equal(seen, np.arange(r["num_samples"])), f"epoch {epoch} did not read every sample once"
     assert all(rank["decisions"] == ranks[0]["decisions"] for rank in ranks), "ranks disagreed on batch sizes"
     assert all(rank["final_loss"] == ranks[0]["final_loss"] for rank in ranks), "replicas diverged"
+    if multiple == "auto":
+        # The default grid (2 samples) is refined on every rank alike once the crawling worker sits at its floor.
+        grids = ranks[0]["grids"]
+        assert all(rank["grids"] == grids for rank in ranks), "ranks disagreed on the batch grid"
+        assert r["grid"] == 2 and grids[0] == 2 and grids[-1] == 1 and grids == sorted(grids, reverse=True), grids
+        assert min(min(split) for split in ranks[0]["decisions"]) < 2, ranks[0]["decisions"]
+        multiple = 1
     if num_proc > 1:
         assert len(ranks[0]["batch_sizes"]) >= 4 - (multiple > 1), "the batch size was meant to change"
-    full = [split for split in ranks[0]["decisions"] if sum(split) == 24]
+    full = [split for split in ranks[0]["decisions"] if sum(split) == r["global_batch"]]
     assert full and all(b % multiple == 0 for split in full for b in split), "a split left the batch grid"
     # One trace for all batch sizes (TensorFlow counts the variable-creating first call twice).
     assert all(rank["tracing_count"] <= 2 for rank in ranks)

@@ -162,6 +162,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._begin_run()
         self.resumed = self._restore() if self.state_path else False
 
+    def _grid(self):
+        """The feed's batch grid; the default one (no batch_multiple given) may be refined by the policy."""
+        return {"multiple": self.feed.grid, "refine_grid": self.feed.batch_multiple is None}
+
     def _begin_run(self, epoch=0, first_run=True):
         """Per-run set-up shared by a plain fit and every fit of an elastic job."""
         if self.feed.prefetch > self.controller.plan_ahead:
@@ -171,7 +175,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 "k <= plan_ahead"
             )
         self._plans = self.controller.start(self.size, self.feed.epoch_schedule, self.feed.b_min, self.feed.b_max,
-                                            epoch=epoch, multiple=self.feed.grid)
+                                            epoch=epoch, **self._grid())
         log.info("lbbsp: %d workers, global batch %d, batches on multiples of %d", self.size, self.feed.global_batch,
                  self.feed.grid)
         self._decisions = collections.deque()
@@ -279,7 +283,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         except (ValueError, KeyError) as exc:  # the same on every rank: all start fresh together
             log.warning("lbbsp state does not fit this job (%s); starting from equal batches", exc)
             self._plans = self.controller.start(self.size, self.feed.schedule, self.feed.b_min, self.feed.b_max,
-                                                multiple=self.feed.grid)
+                                                **self._grid())
             return False
         self._plans = {}  # the first step of the resumed run plans from the restored split
         predictor = saved.get("predictor") if saved else None

@@ -7,7 +7,9 @@ nor hangs the job.
 Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing) [PIPELINE(function|sample)]
 [MULTIPLE]
 
-MULTIPLE is the feed's batch_multiple (the batch grid; default 1).
+MULTIPLE is the feed's batch_multiple (the batch grid; default 1), or 'auto': the default grid for a
+global batch of 48 (2 samples), with the last rank forecasting a speed far below the others', so its best
+batch falls under the grid's floor and the policy refines the grid (recorded per step).
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
 prefetched; every loaded index is recorded with tf.py_function.
@@ -26,8 +28,17 @@ from horovod.tensorflow import allgather_object  # noqa: E402
 
 out_path, kind = sys.argv[1], sys.argv[2]
 pipeline = sys.argv[3] if len(sys.argv) > 3 else "function"
-multiple = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+multiple = sys.argv[4] if len(sys.argv) > 4 else "1"
+auto = multiple == "auto"
+multiple, global_batch = (None, 48) if auto else (int(multiple), 24)
 RandomPredictor, FailingPredictor = make_test_predictors()
+
+
+class CrawlingPredictor(RandomPredictor):
+    """A speed a hundred times below RandomPredictor's."""
+
+    def _forecast(self):
+        return 0.01 * super()._forecast()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
 read = []
@@ -46,13 +57,14 @@ class Decisions(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.log.append(self.balancer._sizes.tolist())  # the split this step used
+        self.grids.append(int(self.balancer.controller.policy.multiple))
         self.expected.append(feed.indices(self.epoch, batch, self.balancer._sizes).tolist())
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_begin(self, logs=None):
-        self.expected = []
+        self.expected, self.grids = [], []
 
 
 def note(index):
@@ -73,13 +85,17 @@ tf.keras.utils.set_random_seed(0)
 model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
 if pipeline == "sample":
-    feed = lb.BalancedFeed.from_sample_fn(load, N_SAMPLES, global_batch=24, seed=5, prefetch=1,
+    feed = lb.BalancedFeed.from_sample_fn(load, N_SAMPLES, global_batch=global_batch, seed=5, prefetch=1,
                                           batch_multiple=multiple)
 else:
-    feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=24, seed=5, batch_multiple=multiple)
-predictor = (FailingPredictor if kind == "failing" and rank == hvd.size() - 1 else RandomPredictor)(seed=rank)
+    feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=global_batch, seed=5,
+                                         batch_multiple=multiple)
+last = rank == hvd.size() - 1
+predictor = (FailingPredictor if kind == "failing" and last else CrawlingPredictor if auto and last
+             else RandomPredictor)(seed=rank)
 # Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
 policy = LBBSPPolicy(min_gain=0.0, model={"change": 100.0})
+policy.REFINE_AFTER = 1  # a short run: refine at the first decision that finds a worker held by the floor
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
@@ -100,6 +116,7 @@ for epoch in range(EPOCHS):
 mine = {
     "epochs": per_epoch,
     "decisions": decisions.log,
+    "grids": decisions.grids,
     "batch_sizes": sorted({len(r) for r in chunks}),
     "tracing_count": model.train_function.experimental_get_tracing_count(),
     "predictor_failures": balancer.forecaster.failures,
@@ -108,4 +125,5 @@ mine = {
 everyone = allgather_object(mine)
 if rank == 0:
     with open(out_path, "w") as fh:
-        json.dump({"num_samples": N_SAMPLES, "steps_per_epoch": steps, "ranks": everyone}, fh)
+        json.dump({"num_samples": N_SAMPLES, "steps_per_epoch": steps, "global_batch": global_batch,
+                   "grid": feed.grid, "ranks": everyone}, fh)
