@@ -138,8 +138,8 @@ class OraclePolicy(Policy):
             raise ValueError(f"truth={truth!r} is not allowed: give a callable step -> (offsets, speeds)")
         self.truth = truth
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
-        super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
+        super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
         self._next = 0
         self.batches = self._split(global_batch)
         return self.batches.copy()

@@ -215,20 +215,22 @@ def grid_units(lower, upper, multiple):
     return -(-lower // multiple), upper // multiple
 
 
-def finer_grid(best, lower, multiple):
-    """The coarsest grid that holds no worker above its best batch: the largest divisor q of `multiple`
-    whose floor ceil(lower_i / q) q is at most max(best_i, lower_i) for every worker.
+def finer_grid(best, lower, multiple, finest=1):
+    """The coarsest grid between `multiple` and `finest` (a divisor of it) that holds no worker above its best
+    batch: the largest q, a divisor of `multiple` and a multiple of `finest`, whose floor ceil(lower_i / q) q
+    is at most max(best_i, lower_i) for every worker; `finest` where none is.
 
-    `best` is the split the worker would get without a grid (e.g. `continuous_split`). A worker a quarter
+    `best` is the split the workers would get without a grid (e.g. `continuous_split`). A worker a quarter
     as fast as the others with B / N = 64 may be best at 4-6 samples; a grid of 8 holds it at 8, which on
-    that worker sets every step. q = 1 always qualifies (its floor is lower_i itself).
+    that worker sets every step. Every division of the grid multiplies the batch shapes all the other
+    workers may run, so `finest` bounds it.
     """
     best = np.maximum(np.asarray(best, dtype=np.float64), lower)
-    multiple = int(multiple)
-    for q in range(multiple, 1, -1):
-        if multiple % q == 0 and np.all(-(-lower // q) * q <= best + 1e-9):
+    multiple, finest = int(multiple), int(finest)
+    for q in range(multiple, finest, -1):
+        if multiple % q == 0 and q % finest == 0 and np.all(-(-lower // q) * q <= best + 1e-9):
             return q
-    return 1
+    return finest
 
 
 def allocate_clean(speeds, offsets, total, lower, upper, near=None, max_change=2.0, multiple=1):

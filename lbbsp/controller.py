@@ -39,13 +39,13 @@ class BalanceController:
         model = self.policy.model
         return model.offsets if model is not None else np.zeros(self.size)
 
-    def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0, multiple=1, refine_grid=False):
+    def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0, multiple=1, finest_multiple=None):
         """Reset per-run state; return {(epoch, step): batch sizes} of the first 1 + plan_ahead steps.
 
         `schedule`: the global batch of each step of an epoch, or an
         `lbbsp.sharding.EpochSchedule` (whose resumed epoch may be shorter).
-        `multiple`: the batch grid (lbbsp.allocation); `refine_grid`: whether the policy may make it finer
-        (lbbsp.policies.Policy.start).
+        `multiple`: the batch grid (lbbsp.allocation); `finest_multiple`: the finest grid the policy may
+        refine it to (lbbsp.policies.Policy.start; None: keep it).
         """
         self.size = int(size)
         if not isinstance(schedule, EpochSchedule):
@@ -53,7 +53,7 @@ class BalanceController:
         self.schedule = schedule
         self.b_min, self.b_max = b_min, b_max
         epoch, step = schedule.after(epoch, step, 0)
-        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max, multiple, refine_grid)
+        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max, multiple, finest_multiple)
         self.batch_sizes = np.asarray(first, dtype=np.int64)
         self.steps_seen = 0
         return self.initial_plans(epoch, step)

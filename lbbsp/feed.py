@@ -145,6 +145,14 @@ class BatchFeed:
         return default_multiple(self.global_batch, self.size)
 
     @property
+    def finest_grid(self):
+        """The finest grid a policy may refine `grid` to: `batch_multiple` where given (kept as it is), else the
+        default grid that leaves the equal share 16 steps instead of 8 (one halving for B / N = 64)."""
+        if self.batch_multiple is not None:
+            return self.batch_multiple
+        return default_multiple(self.global_batch, self.size, steps=16)
+
+    @property
     def steps_per_epoch(self):
         """Steps of a whole epoch (the resumed epoch has `epoch_schedule.steps_in(epoch)`)."""
         return self.epoch_schedule.steps_per_epoch

@@ -103,17 +103,21 @@ class Policy:
         """lbbsp.allocation.allocate with this run's bounds and batch grid."""
         return allocate(speeds, global_batch, self.b_min, self.b_max, offsets=offsets, multiple=self.multiple)
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
         """Reset for a new training run; return the batches of the first step.
 
         Batches stay within [b_min, b_max] and, with `multiple` > 1, on multiples of it
-        (lbbsp.allocation's batch grid). With `refine_grid`, a policy that predicts each worker's best
-        batch may move to a finer grid (a divisor of `multiple`) where the grid's floor holds a worker
-        above it (lbbsp.allocation.finer_grid); without it the grid is kept as given.
+        (lbbsp.allocation's batch grid). A policy that predicts each worker's best batch may refine the
+        grid down to `finest_multiple` (a divisor of `multiple`; None keeps `multiple`) where the grid's
+        floor holds a worker above it (lbbsp.allocation.finer_grid).
         """
         validate_bounds(num_workers, global_batch, b_min, b_max, multiple)
+        finest = multiple if finest_multiple is None else finest_multiple
+        if isinstance(finest, bool) or not isinstance(finest, (int, np.integer)) or finest < 1 or multiple % finest:
+            raise ValueError(f"finest_multiple={finest_multiple!r} is not allowed: give None or a divisor of "
+                             f"multiple={multiple!r}")
         self.num_workers, self.b_min, self.b_max, self.multiple = int(num_workers), int(b_min), b_max, int(multiple)
-        self.refine_grid = bool(refine_grid)
+        self.finest_multiple = int(finest)
         self.batches = self._allocate(np.ones(num_workers), global_batch)
         return self.batches.copy()
 
@@ -149,12 +153,12 @@ class FixedPolicy(Policy):
             raise ValueError(f"shares={shares.tolist()!r} is not allowed: give one positive number per worker")
         self.shares = shares
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
         if self.shares.size != num_workers:
             raise ValueError(
                 f"shares={self.shares.tolist()!r} is not allowed with {num_workers} workers: give {num_workers} shares"
             )
-        super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+        super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
         self.batches = self._allocate(self.shares, global_batch)
         return self.batches.copy()
 
@@ -170,10 +174,10 @@ class StaticPolicy(Policy):
             raise ValueError(f"profile_steps={profile_steps!r} is not allowed: it must be an integer >= 1")
         self.profile_steps = profile_steps
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
         self._samples = []
         self._fixed = False
-        return super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+        return super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
 
     def after_step(self, stats, next_global_batch):
         if not self._fixed:
@@ -191,8 +195,8 @@ class DBSPolicy(Policy):
     name = "dbs"
     _STATE = ("batches", "_shares", "_compute", "_samples", "_global")
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
         self._shares = batches / batches.sum()
         self._compute = np.zeros(num_workers)
         self._samples = np.zeros(num_workers)
@@ -239,8 +243,8 @@ class PIDPolicy(Policy):
             raise ValueError(f"every={every!r} is not allowed: it must be an integer >= 1")
         self.kp, self.ki, self.kd, self.deadband, self.every = kp, ki, kd, deadband, every
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
         self._integral = np.zeros(num_workers)
         self._last_error = np.zeros(num_workers)
         self._window = []
@@ -296,7 +300,8 @@ class LBBSPPolicy(Policy):
 
     name = "lbbsp"
     uses_forecast = True
-    #: Decisions in a row that must find the grid's floor above a worker's best batch before the grid is refined.
+    #: Decisions in a row that must find the grid's floor above a worker's best batch before the grid is refined
+    #: (down to the `finest_multiple` given to `start`).
     REFINE_AFTER = 3
     _STATE = ("batches", "_speeds")
     _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
@@ -330,14 +335,14 @@ class LBBSPPolicy(Policy):
         self.model = model
         self.errors = PlanningError()
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, refine_grid=False):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, refine_grid)
+    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
+        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
         self.model.start(num_workers)
         self.rebalancer.start(num_workers)
         self.errors.start(num_workers)
         self._speeds = None
         self._bounds = (None, None, None, None)
-        self._finer_for = 0
+        self._finer_for, self._finer_to = 0, multiple  # decisions in a row that asked for a finer grid; the coarsest
         return batches
 
     def speeds(self, forecast):
@@ -380,22 +385,28 @@ class LBBSPPolicy(Policy):
             self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
                                                   jumped=self.model.changed, multiple=self.multiple)
         self._speeds = speeds
-        if self.refine_grid and self.multiple > 1 and np.any(self.batches <= grid_lower):
-            self._refine(speeds, total, lower, upper)
+        if self.multiple > self.finest_multiple:
+            self._refine(speeds, total, lower, upper, at_floor=np.any(self.batches <= grid_lower))
         return self.resize(next_global_batch)
 
-    def _refine(self, speeds, total, lower, upper):
-        """Halve (or further divide) the batch grid once the grid's floor has held a worker above its best
-        batch in REFINE_AFTER decisions in a row; for the next decisions (never back to a coarser one)."""
-        best, _ = continuous_split(self.model.offsets, speeds, total, lower, upper)
-        finer = finer_grid(best, lower, self.multiple)
-        self._finer_for = self._finer_for + 1 if finer < self.multiple else 0
+    def _refine(self, speeds, total, lower, upper, at_floor):
+        """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER
+        decisions in a row, to the coarsest grid all of them asked for; never back to a coarser one."""
+        finer = self.multiple
+        if at_floor:
+            best, _ = continuous_split(self.model.offsets, speeds, total, lower, upper)
+            finer = finer_grid(best, lower, self.multiple, self.finest_multiple)
+        if finer == self.multiple:
+            self._finer_for = 0
+            return
+        self._finer_to = max(self._finer_to, finer) if self._finer_for else finer
+        self._finer_for += 1
         if self._finer_for < self.REFINE_AFTER:
             return
         slow = int(np.argmin(best))
         log.info("lbbsp: batch grid %d -> %d: worker %d is best at %.1f samples, below the grid's floor",
-                 self.multiple, finer, slow, best[slow])
-        self.multiple, self._bounds, self._finer_for = finer, (None, None, None, None), 0
+                 self.multiple, self._finer_to, slow, best[slow])
+        self.multiple, self._bounds, self._finer_for = self._finer_to, (None, None, None, None), 0
 
     def _rejoin_split(self, shares, global_batch):
         if self._speeds is None:

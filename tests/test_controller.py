@@ -212,11 +212,11 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
 
 
-def _moves(policy, speeds_of, steps=200, seed=0, noise=0.06, k=16.0, total=256, refine_grid=False):
+def _moves(policy, speeds_of, steps=200, seed=0, noise=0.06, k=16.0, total=256, finest=None):
     """Split changes of `policy` on workers whose step times carry log-normal noise; and the last split."""
     rng = np.random.default_rng(seed)
     n = speeds_of(0).size
-    batches, moves = policy.start(n, total, multiple=8, refine_grid=refine_grid), 0
+    batches, moves = policy.start(n, total, multiple=8, finest_multiple=finest), 0
     for step in range(steps):
         compute = (k + batches) / (speeds_of(step) * np.exp(rng.normal(0.0, noise, n)))
         stats = StepStats(step=step, batches=batches, compute=compute, wait=np.zeros(n),
@@ -357,11 +357,16 @@ def test_lbbsp_refines_the_default_grid_for_a_worker_best_below_its_floor():
     policy = LBBSPPolicy()
     _, fixed = _moves(policy, slow, steps=40, noise=0.02)
     assert policy.multiple == 8 and fixed[3] == 8, fixed
-    _, refined = _moves(policy, slow, steps=40, noise=0.02, refine_grid=True)
+    _, refined = _moves(policy, slow, steps=40, noise=0.02, finest=1)
     assert policy.multiple < 8 and refined[3] < 8 and refined.sum() == 256, (policy.multiple, refined)
     assert np.all(refined % policy.multiple == 0), refined
-    policy.start(4, 256, multiple=8, refine_grid=True)  # a new run starts from the grid it is given
+    _, bounded = _moves(policy, slow, steps=40, noise=0.02, finest=4)  # no finer than 4, as the feed's default
+    assert policy.multiple == 4 and bounded[3] == 4, (policy.multiple, bounded)
+    policy.start(4, 256, multiple=8, finest_multiple=1)  # a new run starts from the grid it is given
     assert policy.multiple == 8
     # Identical workers never sit at the floor: the grid stays.
-    _moves(policy, lambda step: np.full(2, 1000.0), steps=40, refine_grid=True)
+    _moves(policy, lambda step: np.full(2, 1000.0), steps=40, finest=1)
     assert policy.multiple == 8
+    for bad in (3, 0, 2.0, True):
+        with pytest.raises(ValueError, match=f"finest_multiple={bad!r}"):
+            policy.start(4, 256, multiple=8, finest_multiple=bad)

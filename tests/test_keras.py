@@ -318,9 +318,12 @@ def test_elastic_fit_outside_a_launcher_trains_every_epoch_once():
     assert lb.elastic.fit(state, epochs=3) is None, "nothing left to train"
 
 
-@pytest.mark.parametrize("batch_multiple, refine", [(None, True), (1, False), (4, False)])
-def test_only_the_default_grid_may_be_refined_by_the_policy(batch_multiple, refine):
+@pytest.mark.parametrize("global_batch, batch_multiple, grid, finest", [
+    (64, None, 8, 4), (128, None, 8, 8), (16, None, 2, 1), (64, 1, 1, 1), (64, 8, 8, 8),
+])
+def test_only_the_default_grid_may_be_refined_by_the_policy(global_batch, batch_multiple, grid, finest):
     policy = Policy()
-    feed = lb.BalancedFeed(X, Y, global_batch=16, batch_multiple=batch_multiple)
+    x = np.zeros((2 * global_batch, 3), dtype=np.float32)
+    feed = lb.BalancedFeed(x, x[:, :1], global_batch=global_batch, batch_multiple=batch_multiple)
     fit(tiny(), feed, lb.LoadBalancer(feed, policy=policy), epochs=1)
-    assert policy.refine_grid is refine and policy.multiple == feed.grid
+    assert (policy.multiple, policy.finest_multiple) == (feed.grid, feed.finest_grid) == (grid, finest)

@@ -163,8 +163,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.resumed = self._restore() if self.state_path else False
 
     def _grid(self):
-        """The feed's batch grid; the default one (no batch_multiple given) may be refined by the policy."""
-        return {"multiple": self.feed.grid, "refine_grid": self.feed.batch_multiple is None}
+        """The feed's batch grid and the finest the policy may refine it to (the same where batch_multiple is given)."""
+        return {"multiple": self.feed.grid, "finest_multiple": self.feed.finest_grid}
 
     def _begin_run(self, epoch=0, first_run=True):
         """Per-run set-up shared by a plain fit and every fit of an elastic job."""

@@ -8,8 +8,9 @@ Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(rando
 [MULTIPLE]
 
 MULTIPLE is the feed's batch_multiple (the batch grid; default 1), or 'auto': the default grid for a
-global batch of 48 (2 samples), with the last rank forecasting a speed far below the others', so its best
-batch falls under the grid's floor and the policy refines the grid (recorded per step).
+global batch of 48 on 3 workers (2 samples; the policy may refine it to 1), with the last rank forecasting
+a speed far below the others', so its best batch falls under the grid's floor and the policy refines the
+grid (recorded per step).
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
 prefetched; every loaded index is recorded with tf.py_function.
