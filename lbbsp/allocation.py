@@ -215,10 +215,10 @@ def grid_units(lower, upper, multiple):
     return -(-lower // multiple), upper // multiple
 
 
-def finer_grid(best, lower, multiple, finest=1):
+def finer_grid(best, lower, upper, multiple, finest=1):
     """The coarsest grid between `multiple` and `finest` (a divisor of it) that holds no worker above its best
-    batch: the largest q, a divisor of `multiple` and a multiple of `finest`, whose floor ceil(lower_i / q) q
-    is at most max(best_i, lower_i) for every worker; `finest` where none is.
+    batch: the largest q, a divisor of `multiple` and a multiple of `finest`, whose floor (`grid_units`:
+    ceil(lower_i / q) q) is at most max(best_i, lower_i) for every worker; `finest` where none is.
 
     `best` is the split the workers would get without a grid (e.g. `continuous_split`). A worker a quarter
     as fast as the others with B / N = 64 may be best at 4-6 samples; a grid of 8 holds it at 8, which on
@@ -228,7 +228,7 @@ def finer_grid(best, lower, multiple, finest=1):
     best = np.maximum(np.asarray(best, dtype=np.float64), lower)
     multiple, finest = int(multiple), int(finest)
     for q in range(multiple, finest, -1):
-        if multiple % q == 0 and q % finest == 0 and np.all(-(-lower // q) * q <= best + 1e-9):
+        if multiple % q == 0 and q % finest == 0 and np.all(grid_units(lower, upper, q)[0] * q <= best + 1e-9):
             return q
     return finest
 

@@ -395,7 +395,7 @@ class LBBSPPolicy(Policy):
         finer = self.multiple
         if at_floor:
             best, _ = continuous_split(self.model.offsets, speeds, total, lower, upper)
-            finer = finer_grid(best, lower, self.multiple, self.finest_multiple)
+            finer = finer_grid(best, lower, upper, self.multiple, self.finest_multiple)
         if finer == self.multiple:
             self._finer_for = 0
             return

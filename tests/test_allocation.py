@@ -381,20 +381,21 @@ def test_shrinkage_without_noise_changes_nothing_and_a_split_within_noise_is_kep
        st.sampled_from([(1, 1), (2, 1), (4, 2), (6, 1), (6, 3), (8, 1), (8, 4), (8, 8)]))
 def test_finer_grid_is_the_coarsest_divisor_whose_floor_holds_no_worker_above_its_best(best, b_min, grids):
     (multiple, finest), best, lower = grids, np.array(best), np.full(len(best), b_min, dtype=np.int64)
-    q = finer_grid(best, lower, multiple, finest)
+    upper = np.full(len(best), 1000, dtype=np.int64)
+    q = finer_grid(best, lower, upper, multiple, finest)
     floor_ok = lambda g: np.all(-(-lower // g) * g <= np.maximum(best, lower) + 1e-9)
     assert multiple % q == 0 and q % finest == 0 and (floor_ok(q) or q == finest)
     assert not any(floor_ok(g) for g in range(q + 1, multiple + 1) if multiple % g == 0 and g % finest == 0)
-    assert finer_grid(best, lower, multiple, finest) == q
+    assert finer_grid(best, lower, upper, multiple, finest) == q
     if finest == 1:
         assert floor_ok(q)  # a grid of 1 has its floor at b_min
 
 
 def test_finer_grid_examples():
     # A quarter-speed worker best at 5 samples of a share of 64: a grid of 8 holds it at 8, one of 4 at 4.
-    assert finer_grid([100.0, 110.0, 41.0, 5.0], np.ones(4, dtype=np.int64), 8) == 4
-    assert finer_grid([100.0, 110.0, 41.0, 3.0], np.ones(4, dtype=np.int64), 8) == 2
-    assert finer_grid([100.0, 110.0, 41.0, 3.0], np.ones(4, dtype=np.int64), 8, finest=4) == 4
-    assert finer_grid([64.0, 64.0], np.ones(2, dtype=np.int64), 8) == 8
+    assert finer_grid([100.0, 110.0, 41.0, 5.0], np.ones(4, dtype=np.int64), np.full(4, 256), 8) == 4
+    assert finer_grid([100.0, 110.0, 41.0, 3.0], np.ones(4, dtype=np.int64), np.full(4, 256), 8) == 2
+    assert finer_grid([100.0, 110.0, 41.0, 3.0], np.ones(4, dtype=np.int64), np.full(4, 256), 8, finest=4) == 4
+    assert finer_grid([64.0, 64.0], np.ones(2, dtype=np.int64), np.full(2, 128), 8) == 8
     # The floor counts from b_min: with b_min = 6 a grid of 6 has its floor at 6, not above a best of 6.
-    assert finer_grid([6.0, 200.0], np.full(2, 6, dtype=np.int64), 12) == 6
+    assert finer_grid([6.0, 200.0], np.full(2, 6, dtype=np.int64), np.full(2, 206), 12) == 6
