@@ -7,36 +7,48 @@ offset) scaled to a base speed drawn from 1, 1/2, 1/4 (heterogeneous
 hardware); one simulated step spans `--aggregate` recorded steps (their
 time-weighted speed), like the longer steps of a real job. A step takes
 t_i = (k + b_i) / v_i(t) (a fixed cost of k samples) plus a fixed
-communication time. Noise profiles:
+communication time.
 
-- "recorded": the speeds as recorded on a shared, noisy CPU machine. A
-  worker's mean speed at a step is the centred 9-step average; the rest is
-  per-step noise.
-- "low-noise": as on dedicated GPU nodes: the recorded contention changes
-  (21-step average) with 3% log-normal jitter per step and an occasional
-  straggler step (0.3% of steps run at half speed).
+Every profile keeps the recorded contention: a worker's mean speed at a
+step is the centred 21-step average of its replayed trace (load that comes
+and goes, quota changes, hogs). Noise profiles (what is drawn around it):
+
+- "recorded": the recorded per-step noise, resampled: the worker's own
+  source trace's log deviations from that average, taken in blocks of 8
+  steps from random places (spread, tails and short-term autocorrelation as
+  recorded, drawn independently of the mean path).
+- "low-noise": as on dedicated GPU nodes: 3% log-normal jitter per step and
+  an occasional straggler step (0.3% of steps run at half speed).
+- "replayed": the recorded speeds replayed as they are, with the centred
+  9-step average as the mean. The noise is then not independent of the
+  mean (the average holds the draw and the steps around it), so the mean
+  oracles of this profile are partly clairvoyant; kept to compare with
+  earlier releases.
 
 Each worker's forecast comes from its own lbbsp.forecasting.Forecaster and
 every decision from lbbsp.controller.BalanceController: the code that runs
 inside the Keras callback. Three references: the clairvoyant oracle knows
 every worker's speed in the coming step (the draw included); the mean oracle
 knows each worker's mean speed at the coming step and the distribution of
-its noise (the profile's spread for "low-noise"; for "recorded", the spread
-of the worker's source trace as a whole, not of this run's draws) but not
-the draw, and splits for the expected slowest finish
+its noise (the profile's spread for "low-noise"; for the others, the spread
+of the deviations in the worker's source trace as a whole, not of this
+run's draws) but not the draw, and splits for the expected slowest finish
 (lbbsp.allocation.tail_speeds); the lagged mean oracle knows the same, but
 of the step just measured, as a causal policy could at best (the mean at
-the coming step is the centred average of speeds still to come). No policy
-can beat the first; the second is reachable by a perfect forecaster of
-the mean; the third by perfect knowledge of the present. Reported per (N,
-profile, policy), over the steps after `--skip` (a variance-aware split
-learns which workers it forecasts worst):
-eta = (best possible step) / (step taken), as a fraction of the mean
-oracle's too, the speedup over equal batches, and the decision cost per
-step. With a wide spread of speeds and many workers, the slowest worker
-takes longer at b_min than the balanced step; such a step is "floor-bound"
-(any split that gives that worker b_min is as good as the oracle's), and
-the share of such steps is printed with the noise statistics.
+the coming step is a centred average that reaches into the future). No
+policy can beat the first; the second is reachable by a perfect
+forecaster of the mean where the noise is drawn apart from the mean
+("recorded", "low-noise"; a causal policy may even pass it there by using
+the noise's autocorrelation, which it ignores); the third by perfect
+knowledge of the present. Reported per (N, profile, policy), over the
+steps after `--skip` (a variance-aware split learns which workers it
+forecasts worst): eta = (best possible step) / (step taken), as a
+fraction of the mean oracle's too, the speedup over equal batches, and
+the decision cost per step. With a wide spread of speeds and many
+workers, the slowest worker takes longer at b_min than the balanced step;
+such a step is "floor-bound" (any split that gives that worker b_min is as
+good as the oracle's), and the share of such steps is printed with the
+noise statistics.
 """
 import argparse
 import os
@@ -57,7 +69,7 @@ from .variants import LIVE_ONLY, VARIANTS
 
 __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
 
-PROFILES = ("recorded", "low-noise")
+PROFILES = ("recorded", "low-noise", "replayed")
 POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
                        **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None),
                           "lagged-mean-oracle": ("lagged-mean-oracle", None),
@@ -72,11 +84,15 @@ def _rolling_mean(x, window):
     return num / window
 
 
-#: Steps of the centred moving average that defines a worker's mean speed ("recorded" profile).
-RECORDED_MEAN = 9
-#: "low-noise": the mean follows the recorded contention over this many steps, with log-normal jitter of
-#: this standard deviation and a straggler step (at STRAGGLER_SPEED) with probability STRAGGLER_RATE.
-LOW_NOISE_MEAN, LOW_NOISE_JITTER, STRAGGLER_RATE, STRAGGLER_SPEED = 21, 0.03, 0.003, 0.5
+#: Steps of the centred moving average that is a worker's mean speed: its recorded contention ("recorded",
+#: "low-noise"), or the mean of the replayed speeds ("replayed").
+CONTENTION_MEAN, REPLAYED_MEAN = 21, 9
+#: "recorded": the noise is resampled in blocks of this many steps (the deviations' autocorrelation is
+#: 0.75, 0.48, 0.26 at lags 1-3 and gone by lag 4).
+NOISE_BLOCK = 8
+#: "low-noise": log-normal jitter of this standard deviation and a straggler step (at STRAGGLER_SPEED) with
+#: probability STRAGGLER_RATE.
+LOW_NOISE_JITTER, STRAGGLER_RATE, STRAGGLER_SPEED = 0.03, 0.003, 0.5
 #: The standard deviation of log(speed / mean) that this jitter and these stragglers make.
 LOW_NOISE_SPREAD = float(np.sqrt(LOW_NOISE_JITTER ** 2 + STRAGGLER_RATE * (1 - STRAGGLER_RATE)
                                  * np.log(STRAGGLER_SPEED) ** 2))
@@ -88,10 +104,17 @@ def _relative_speed(speed, idx, aggregate):
     return (1.0 / per_sample) / np.median(speed)
 
 
-def _trace_spread(speed, aggregate):
-    """Standard deviation of log(speed / mean) over a whole trace, aggregated as the simulator steps it."""
+def _deviations(speed, aggregate, window):
+    """log(speed / centred `window`-step mean) over a whole trace, aggregated as the simulator steps it."""
     rel = _relative_speed(speed, np.arange(speed.size // aggregate * aggregate), aggregate)
-    return float(np.log(rel / _rolling_mean(rel, RECORDED_MEAN)).std())
+    return np.log(rel / _rolling_mean(rel, window))
+
+
+def _blocks(rng, deviations, length, block):
+    """`length` deviations resampled in blocks of `block` consecutive ones from random places."""
+    starts = rng.integers(max(deviations.size - block, 0) + 1, size=-(-length // block))
+    idx = (starts[:, None] + np.arange(block)).ravel()[:length]
+    return deviations[np.minimum(idx, deviations.size - 1)]
 
 
 class Cluster:
@@ -114,13 +137,19 @@ class Cluster:
             idx = (rng.integers(n) + np.arange((steps + 1) * aggregate)) % n
             self.speed[:, w] = 1000.0 * base[w] * _relative_speed(trace["speed"], idx, aggregate)
             self.features[:, w] = trace["features"][idx[aggregate - 1::aggregate]]
-        if profile == "recorded":
-            self.mean = _rolling_mean(self.speed, RECORDED_MEAN)
+        if profile == "replayed":
+            self.mean = _rolling_mean(self.speed, REPLAYED_MEAN)
             # The spread of each source trace as a whole: the noise's distribution, not this run's draws.
-            whole = [_trace_spread(t["speed"], aggregate) for t in loaded]
+            whole = [_deviations(t["speed"], aggregate, REPLAYED_MEAN).std() for t in loaded]
             self.spread = np.array([whole[i] for i in picks])
+        elif profile == "recorded":
+            self.mean = _rolling_mean(self.speed, CONTENTION_MEAN)
+            sources = [_deviations(t["speed"], aggregate, CONTENTION_MEAN) for t in loaded]
+            self.speed = self.mean * np.exp(np.stack([_blocks(rng, sources[i], steps + 1, NOISE_BLOCK)
+                                                      for i in picks], axis=1))
+            self.spread = np.array([sources[i].std() for i in picks])
         else:
-            self.mean = _rolling_mean(self.speed, LOW_NOISE_MEAN)
+            self.mean = _rolling_mean(self.speed, CONTENTION_MEAN)
             jitter = np.exp(rng.normal(0.0, LOW_NOISE_JITTER, self.speed.shape))
             straggle = np.where(rng.random(self.speed.shape) < STRAGGLER_RATE, STRAGGLER_SPEED, 1.0)
             self.speed = self.mean * jitter * straggle
@@ -215,7 +244,7 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
-    parser.add_argument("--profiles", default=",".join(PROFILES), help=f"comma-separated, from {PROFILES}")
+    parser.add_argument("--profiles", default="recorded,low-noise", help=f"comma-separated, from {PROFILES}")
     parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-va,oracle,"
                                               "mean-oracle,lagged-mean-oracle")
     parser.add_argument("--steps", type=int, default=300)

@@ -13,7 +13,8 @@ from benchmarks.oracle import CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
-from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, noise_stats, simulate
+from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate
+from lbbsp.allocation import tail_speeds
 from lbbsp.controller import BalanceController
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,17 +125,67 @@ def test_simulator_at_1024_workers_uses_the_real_policy_code():
     assert np.median(oracle["decide"]) < 5e-3
 
 
-def test_mean_oracles_know_the_noise_distribution_not_this_runs_draws():
+@pytest.mark.parametrize("profile", ["recorded", "replayed"])
+def test_mean_oracles_know_the_noise_distribution_not_this_runs_draws(profile):
     low = Cluster(32, 60, seed=2, profile="low-noise")
     np.testing.assert_allclose(low.spread, LOW_NOISE_SPREAD)
-    recorded = Cluster(32, 60, seed=2)
-    again = Cluster(32, 200, seed=2)  # the same source traces for the same seed, a longer window of them
+    recorded = Cluster(32, 60, seed=2, profile=profile)
+    again = Cluster(32, 200, seed=2, profile=profile)  # the same source traces for the same seed, a longer window
     np.testing.assert_array_equal(recorded.spread, again.spread)
     runs = {name: simulate(recorded, name, None, 64 * 32)["eta"][10:].mean()
             for name in ("equal", "mean-oracle", "lagged-mean-oracle", "oracle")}
     assert runs["equal"] < runs["lagged-mean-oracle"] <= runs["mean-oracle"] <= runs["oracle"] == 1.0
     stats = noise_stats(recorded, 64 * 32)
     assert 0.0 <= stats["floor"] <= 1.0 and stats["spread"] > 0
+
+
+def test_recorded_noise_is_resampled_around_the_same_contention_as_low_noise():
+    recorded = Cluster(48, 1600, seed=3)
+    low = Cluster(48, 1600, seed=3, profile="low-noise")
+    # Both profiles draw around one mean path: the replayed traces' contention.
+    np.testing.assert_array_equal(recorded.mean, low.mean)
+    np.testing.assert_allclose(recorded.speed, recorded.mean * np.exp(recorded.noise))
+    # The noise has its source trace's spread, and the blocks keep its short-term autocorrelation.
+    ratio = recorded.noise.std(axis=0) / recorded.spread
+    assert 0.8 < np.median(ratio) < 1.25
+    assert noise_stats(recorded, 64 * 48)["lag1"] > 0.3 > noise_stats(low, 64 * 48)["lag1"]
+    with pytest.raises(ValueError, match="profile='gpu'"):
+        Cluster(4, 30, profile="gpu")
+
+
+def _trailing_planner(cluster, steps=3):
+    """A causal planner: the true noise spreads and the geometric mean of the last `steps` measured speeds
+    (those of step t - 2 and before plan step t, as in the callback)."""
+    def truth(step):
+        last = max(step - 2, 0)
+        speeds = np.exp(np.log(cluster.speed[max(last - steps + 1, 0):last + 1]).mean(axis=0))
+        return np.full(cluster.num_workers, cluster.offset), tail_speeds(speeds, cluster.spread)
+    return OraclePolicy(truth)
+
+
+@pytest.mark.parametrize("profile, reachable", [("recorded", True), ("replayed", False)])
+def test_the_mean_oracle_is_a_reachable_bound_only_where_the_noise_is_drawn_apart_from_the_mean(
+        profile, reachable, monkeypatch):
+    import benchmarks.simulate as simulation
+
+    cluster = Cluster(128, 120, seed=0, profile=profile)
+    policy = simulation._policy
+    monkeypatch.setattr(simulation, "_policy",
+                        lambda name, *args: _trailing_planner(cluster) if name == "trailing" else policy(name, *args))
+    eta = {name: simulate(cluster, name, None, 512 * 128)["eta"][20:].mean() for name in ("trailing", "mean-oracle")}
+    # The replayed mean averages the draw with its neighbours: that oracle partly knows the draw.
+    assert (eta["trailing"] / eta["mean-oracle"] > 0.85) == reachable
+
+
+def test_noise_blocks_are_runs_of_consecutive_deviations():
+    deviations = np.arange(100.0)
+    out = _blocks(np.random.default_rng(0), deviations, 30, 8)
+    assert out.shape == (30,)
+    for start in range(0, 30, 8):
+        block = out[start:start + 8]
+        np.testing.assert_array_equal(np.diff(block), 1.0)
+    np.testing.assert_array_equal(out, _blocks(np.random.default_rng(0), deviations, 30, 8))
+    assert _blocks(np.random.default_rng(1), np.arange(5.0), 12, 8).max() <= 4.0, "a trace shorter than a block"
 
 
 def test_small_batches_make_a_wide_cluster_floor_bound():
