@@ -137,23 +137,20 @@ class Cluster:
             idx = (rng.integers(n) + np.arange((steps + 1) * aggregate)) % n
             self.speed[:, w] = 1000.0 * base[w] * _relative_speed(trace["speed"], idx, aggregate)
             self.features[:, w] = trace["features"][idx[aggregate - 1::aggregate]]
-        if profile == "replayed":
-            self.mean = _rolling_mean(self.speed, REPLAYED_MEAN)
-            # The spread of each source trace as a whole: the noise's distribution, not this run's draws.
-            whole = [_deviations(t["speed"], aggregate, REPLAYED_MEAN).std() for t in loaded]
-            self.spread = np.array([whole[i] for i in picks])
-        elif profile == "recorded":
-            self.mean = _rolling_mean(self.speed, CONTENTION_MEAN)
-            sources = [_deviations(t["speed"], aggregate, CONTENTION_MEAN) for t in loaded]
-            self.speed = self.mean * np.exp(np.stack([_blocks(rng, sources[i], steps + 1, NOISE_BLOCK)
-                                                      for i in picks], axis=1))
-            self.spread = np.array([sources[i].std() for i in picks])
-        else:
-            self.mean = _rolling_mean(self.speed, CONTENTION_MEAN)
+        window = REPLAYED_MEAN if profile == "replayed" else CONTENTION_MEAN
+        self.mean = _rolling_mean(self.speed, window)
+        if profile == "low-noise":
             jitter = np.exp(rng.normal(0.0, LOW_NOISE_JITTER, self.speed.shape))
             straggle = np.where(rng.random(self.speed.shape) < STRAGGLER_RATE, STRAGGLER_SPEED, 1.0)
             self.speed = self.mean * jitter * straggle
             self.spread = np.full(num_workers, LOW_NOISE_SPREAD)
+        else:
+            # The spread of each source trace's deviations as a whole: the noise's distribution, not this run's draws.
+            sources = [_deviations(t["speed"], aggregate, window) for t in loaded]
+            self.spread = np.array([sources[i].std() for i in picks])
+            if profile == "recorded":
+                self.speed = self.mean * np.exp(np.stack([_blocks(rng, sources[i], steps + 1, NOISE_BLOCK)
+                                                          for i in picks], axis=1))
         self.noise = np.log(self.speed / self.mean)
         self.offset, self.comm, self.profile = float(offset), comm, profile
         self.num_workers, self.steps = num_workers, steps
