@@ -22,6 +22,7 @@ from lbbsp.policies import LBBSPPolicy, make_policy
 __all__ = ["decision_times", "main"]
 
 POLICIES = {"pid": lambda: make_policy("pid"), "lbbsp": LBBSPPolicy,
+            "lbbsp-mean": lambda: LBBSPPolicy(variance_aware=False),
             "lbbsp-va": lambda: LBBSPPolicy(variance_aware=True)}
 
 

@@ -71,7 +71,8 @@ __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PRO
 
 PROFILES = ("recorded", "low-noise", "replayed")
 POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
-                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "mean-oracle": ("mean-oracle", None),
+                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "lbbsp-narx-mean": ("lbbsp-mean", "narx"),
+                          "mean-oracle": ("mean-oracle", None),
                           "lagged-mean-oracle": ("lagged-mean-oracle", None),
                           "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")})
 
@@ -200,6 +201,8 @@ def _policy(name, cluster, lag):
         return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
     if name == "lbbsp-va":
         return LBBSPPolicy(variance_aware=True)
+    if name == "lbbsp-mean":
+        return LBBSPPolicy(variance_aware=False)
     if name == "lbbsp-noshrink":
         return LBBSPPolicy(shrink_noise=False)
     return name
@@ -242,8 +245,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
     parser.add_argument("--profiles", default="recorded,low-noise", help=f"comma-separated, from {PROFILES}")
-    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-va,oracle,"
-                                              "mean-oracle,lagged-mean-oracle")
+    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-mean,lbbsp-narx-va,"
+                                              "oracle,mean-oracle,lagged-mean-oracle")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, help="steps left out of the averages while policies learn "
                                                   "(default: 50, or a third of a shorter run)")

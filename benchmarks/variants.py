@@ -19,6 +19,8 @@ VARIANTS = {
     "lbbsp-narx-always": ("lbbsp", "narx", ("--forecast-budget", "none")),
     # every departure of the forecasts from the current split's balance point moves it, noise included
     "lbbsp-narx-noshrink": ("lbbsp", "narx", ("--no-shrink-noise",)),
+    # the mean-only split, the default before the choice in hindsight (LBBSPPolicy(variance_aware=False))
+    "lbbsp-narx-mean": ("lbbsp", "narx", ("--variance-aware", "false")),
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),
@@ -37,8 +39,8 @@ VARIANTS = {
 
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
-LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "pid-exact",
-             "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
+LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "lbbsp-narx-mean",
+             "pid-exact", "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
              "lbbsp-narx-q8")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.
 LIVE_DEFAULT = tuple(v for v in VARIANTS if v not in LIVE_ONLY or v in ("horovod", "pid-exact", "lbbsp-narx-exact"))

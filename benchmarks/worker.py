@@ -45,6 +45,8 @@ def parse(argv=None):
                              "at every step (default: lbbsp.forecasting.FORECAST_BUDGET)")
     parser.add_argument("--no-shrink-noise", action="store_true",
                         help="lbbsp policy with shrink_noise=False: every departure of the forecasts moves the split")
+    parser.add_argument("--variance-aware", choices=("auto", "true", "false"), default="auto",
+                        help="lbbsp policy's variance_aware: auto (the default), always (true) or never (false)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -56,8 +58,9 @@ def parse(argv=None):
         except ValueError:
             parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
         args.forecast_budget = {"forecast_budget": value}
-    if args.no_shrink_noise and args.policy != "lbbsp":
-        parser.error(f"--no-shrink-noise is an option of --policy lbbsp, not of --policy {args.policy}")
+    for given, option in ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware")):
+        if given and args.policy != "lbbsp":
+            parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -230,8 +233,9 @@ def main(argv=None):
                                                  batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
-        if args.no_shrink_noise:
-            policy = LBBSPPolicy(shrink_noise=False)
+        if args.no_shrink_noise or args.variance_aware != "auto":
+            aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
+            policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware)
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
             from .oracle import CurveBook, OraclePolicy, load_curves
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from .allocation import (Rebalancer, allocate, allocate_clean, continuous_split, finer_grid, grid_units, sanitize,
                          shrink_to_current, tail_speeds, validate_bounds)
+from .hindsight import Hindsight
 from .membership import remap_workers
 from .steptime import StepTimeModel
 from .uncertainty import PlanningError
@@ -289,13 +290,19 @@ class LBBSPPolicy(Policy):
     speeds the current split balances counts only by how far it exceeds
     that worker's per-step noise (lbbsp.allocation.shrink_to_current, the
     noise measured by the model): identical workers keep their split through
-    timing noise, different ones move at once. With `variance_aware`, the
-    split balances a high quantile of each worker's time instead of its
-    mean, giving slack to the workers whose planned speeds have been
-    furthest from the speeds they then ran at (lbbsp.uncertainty,
+    timing noise, different ones move at once. With `variance_aware=True`,
+    the speeds are corrected by the forecasts' learnt bias and the split
+    balances a high quantile of each worker's time instead of its mean,
+    giving slack to the workers whose planned speeds have been furthest
+    from the speeds they then ran at (lbbsp.uncertainty,
     lbbsp.allocation.tail_speeds): with many workers the largest error sets
-    the pace. `model` takes a StepTimeModel or a dict of
-    its arguments.
+    the pace. With "auto" (the default), every step plans three
+    candidates, the forecasts as they are, corrected, and the quantile of
+    the corrected, scores each against the speeds then measured, and
+    takes the one that has lately been fastest (lbbsp.hindsight); the
+    forecasts as they are until the scores say otherwise. False always
+    balances the forecasts as they are. `model` takes a StepTimeModel or a
+    dict of its arguments.
     """
 
     name = "lbbsp"
@@ -303,12 +310,14 @@ class LBBSPPolicy(Policy):
     #: Decisions in a row that must find the grid's floor above a worker's best batch before the grid is refined
     #: (down to the `finest_multiple` given to `start`).
     REFINE_AFTER = 3
-    _STATE = ("batches", "_speeds")
+    _STATE = ("batches", "_speeds", "_shadows")
     _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
+    #: The candidates of variance_aware="auto", in the order lbbsp.hindsight scores them.
+    CANDIDATES = ("forecast", "corrected", "quantile")
 
     def state(self):
         return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state(),
-                    errors=self.errors.state())
+                    errors=self.errors.state(), choice=self.choice.state())
 
     def load_state(self, state):
         super().load_state(state)
@@ -317,8 +326,10 @@ class LBBSPPolicy(Policy):
         if "errors" not in state:
             raise ValueError("an lbbsp state without planning errors cannot be loaded (saved by an older version)")
         self.errors.load_state(state["errors"])
+        if "choice" in state:  # a state saved before the choice was scored starts it anew
+            self.choice.load_state(state["choice"])
 
-    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware=False, max_change=2.0,
+    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
                  shrink_noise=True):
         self.rebalancer = Rebalancer(min_gain, min_step)
         if not isinstance(shrink_noise, bool):
@@ -327,7 +338,10 @@ class LBBSPPolicy(Policy):
         if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not max_change > 1:
             raise ValueError(f"max_change={max_change!r} is not allowed: it must be a number > 1")
         self.max_change = float(max_change)
-        self.variance_aware = bool(variance_aware)
+        if not (isinstance(variance_aware, bool) or isinstance(variance_aware, str) and variance_aware == "auto"):
+            raise ValueError(f"variance_aware={variance_aware!r} is not allowed: give True, False or 'auto'")
+        self.variance_aware = variance_aware
+        self.choice = Hindsight(len(self.CANDIDATES))
         if model is None or isinstance(model, dict):
             model = StepTimeModel(**(model or {}))
         if not isinstance(model, StepTimeModel):
@@ -340,7 +354,8 @@ class LBBSPPolicy(Policy):
         self.model.start(num_workers)
         self.rebalancer.start(num_workers)
         self.errors.start(num_workers)
-        self._speeds = None
+        self.choice.start()
+        self._speeds = self._shadows = None
         self._bounds = (None, None, None, None)
         self._finer_for, self._finer_to = 0, multiple  # decisions in a row that asked for a finer grid; the coarsest
         return batches
@@ -360,6 +375,7 @@ class LBBSPPolicy(Policy):
         self.model.update(stats.batches, stats.compute)
         if self.variance_aware:
             self.errors.observe(stats.step, self.model.speeds)
+            self.choice.observe(stats.step, self.model.speeds, self.model.offsets)
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
         trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
@@ -372,13 +388,11 @@ class LBBSPPolicy(Policy):
             self._bounds = (total, lower, upper, on_grid)
         _, lower, upper, (grid_lower, grid_upper) = self._bounds
         speeds = self.speeds(stats.forecast)
+        if self.variance_aware:
+            speeds = self._plan(speeds, stats.target, total, lower, upper)
         if self.shrink_noise:
             free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
-        if self.variance_aware:
-            if stats.target is not None:
-                self.errors.plan(stats.target, speeds)
-            speeds = tail_speeds(speeds, self.errors.spread)
         if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
             target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
                                     max_change=trust, multiple=self.multiple)
@@ -388,6 +402,29 @@ class LBBSPPolicy(Policy):
         if self.multiple > self.finest_multiple:
             self._refine(speeds, total, lower, upper, at_floor=np.any(self.batches <= grid_lower))
         return self.resize(next_global_batch)
+
+    def _plan(self, speeds, target, total, lower, upper):
+        """The speeds to split by when variance-aware: the quantile of the corrected forecasts (True), or the
+        candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered for `target`)."""
+        corrected = self.errors.plan(target, speeds)
+        quantile = tail_speeds(corrected, self.errors.spread)
+        if self.variance_aware is True:
+            return quantile
+        candidates = (speeds, corrected, quantile)
+        offsets = self.model.offsets
+        shadows = self._shadows
+        if shadows is None or shadows.shape != (len(candidates), self.num_workers):
+            shadows = np.tile(self.batches.astype(np.float64), (len(candidates), 1))
+        splits = []
+        for planned, shadow in zip(candidates, shadows):
+            if self.shrink_noise:
+                free = (shadow > lower) & (shadow < upper) & ~self.model.changed
+                planned = shrink_to_current(planned, offsets, shadow, self.model.noise, free)
+            splits.append(continuous_split(offsets, planned, total, lower, upper)[0])
+        self._shadows = np.stack(splits)  # a new array: a saved state() keeps the one it was given
+        if target is not None:
+            self.choice.propose(target, self._shadows)
+        return candidates[self.choice.best]
 
     def _refine(self, speeds, total, lower, upper, at_floor):
         """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER

@@ -61,6 +61,10 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
         assert np.array_equal(seen, np.arange(r["num_samples"])), f"epoch {epoch} did not read every sample once"
     assert all(rank["decisions"] == ranks[0]["decisions"] for rank in ranks), "ranks disagreed on batch sizes"
     assert all(rank["final_loss"] == ranks[0]["final_loss"] for rank in ranks), "replicas diverged"
+    # The default split is chosen in hindsight: every rank scored the same candidates alike, and logged its choice.
+    assert ranks[0]["scored"] > 0 and all(rank["choice"] == ranks[0]["choice"] for rank in ranks)
+    assert all(rank["choice_log"] == ranks[0]["choice_log"] for rank in ranks)
+    assert len(ranks[0]["choice_log"]) == 3 and set(ranks[0]["choice_log"]) <= {0, 1, 2}, ranks[0]["choice_log"]
     if multiple == "auto":
         # The default grid (2 samples) is refined on every rank alike once the crawling worker sits at its floor.
         grids = ranks[0]["grids"]

@@ -86,7 +86,8 @@ def test_state_round_trip_and_newcomers_start_without_errors():
     grown.load_state(remap_workers(errors.state(), np.array([0, -1]), 2, PlanningError.EMPTY))
     weight, _, squares, _ = errors.state()["_moments"]
     assert grown.spread[1] == pytest.approx(np.sqrt(squares[0] / weight[0]))  # the one who stayed
-    assert grown.state()["_planned"][50].tolist() == [100.0, 100.0]
+    assert grown.state()["_planned"][50][0].tolist() == [100.0, 100.0]  # the forecasts; then planned, departures
+    assert np.isfinite(grown.state()["_level"]).tolist() == [True, False]  # the newcomer's level is its own
     with pytest.raises(ValueError, match="for 1 workers"):
         PlanningError().load_state(PlanningError().state() | {"_moments": np.zeros((4, 3))})
 
@@ -129,3 +130,85 @@ def test_variance_aware_lbbsp_gives_slack_to_the_worker_it_forecasts_worst():
     assert splits[False][1] > 0.7 * np.median(splits[False]), splits[False]
     assert splits[True].sum() == splits[False].sum() == total
     assert allocate(tail_speeds(np.ones(n), np.zeros(n)), total).tolist() == allocate(np.ones(n), total).tolist()
+
+
+def test_the_bias_of_forecasts_that_overshoot_is_learnt_and_corrected():
+    """Speeds wander around a level; the forecast is the last measured speed, which overshoots the next one
+    by half its departure from the level. The pooled slope finds -0.5 and the corrected errors are narrower."""
+    rng = np.random.default_rng(3)
+    n = 32
+    errors = PlanningError(level_rate=0.05)  # a level of long memory: close to the constant mean
+    errors.start(n)
+    mean = np.log(1000.0)
+    last = np.full(n, mean)
+    raw, corrected = [], []
+    for step in range(400):
+        forecast = np.exp(last)
+        planned = errors.plan(step, forecast)
+        # An AR(1) with coefficient 0.5 around a level that the forecast (the last value) already sits at half way.
+        now = mean + 0.5 * (last - mean) + rng.normal(0.0, 0.2, n)
+        errors.observe(step, np.exp(now))
+        if step > 100:
+            raw.append(now - np.log(forecast))
+            corrected.append(now - np.log(planned))
+        last = now
+    assert errors.bias == pytest.approx(-0.5, abs=0.1)
+    assert np.std(corrected) < 0.9 * np.std(raw)
+    assert errors.spread.mean() == pytest.approx(np.std(corrected), rel=0.15)
+
+
+def test_no_bias_is_applied_before_enough_pairs_nor_beyond_its_range():
+    errors = PlanningError(min_pairs=16)
+    errors.start(4)
+    errors.observe(0, np.full(4, 100.0))  # sets the level
+    errors.plan(1, np.full(4, 200.0))
+    errors.observe(1, np.full(4, 100.0))  # 4 pairs, each a forecast twice too high
+    assert errors.bias == 0.0 and errors.plan(None, [200.0] * 4).tolist() == [200.0] * 4
+    for step in range(2, 6):
+        level = np.exp(errors.state()["_level"])
+        errors.plan(step, 2.0 * level)
+        errors.observe(step, level / 8.0)  # a slope of about -3, held to the range
+    assert errors.bias == PlanningError.BIAS_RANGE[0]
+
+
+def test_a_state_saved_before_the_bias_was_learnt_loads():
+    errors = PlanningError()
+    errors.start(2)
+    old = {"_moments": np.ones((4, 2)), "_planned": {7: np.array([1.0, 2.0])}}
+    errors.load_state(old)
+    assert np.isnan(errors.state()["_level"]).all() and errors.bias == 0.0
+    errors.observe(7, [1.0, 2.0])
+    np.testing.assert_allclose(errors.spread, np.sqrt(0.995 / 1.995))  # one zero error each after the saved ones
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, 0.5])
+def test_a_bad_variance_aware_value_is_named(value):
+    with pytest.raises(ValueError, match=f"variance_aware={value!r}"):
+        LBBSPPolicy(variance_aware=value)
+
+
+def _run(policy, noise, steps, rng, total):
+    """`noise(step)`: each worker's log-normal noise at that step."""
+    n = noise(0).size
+    batches = policy.start(n, total)
+    for step in range(steps):
+        speeds = 1000.0 * np.exp(rng.normal(0.0, noise(step)))
+        compute = (16.0 + batches) / speeds
+        stats = StepStats(step=step, batches=batches, compute=compute, wait=np.zeros(n),
+                          forecast=np.full(n, np.nan), target=step + 1)
+        batches = policy.after_step(stats, total)
+    return batches
+
+
+def test_auto_chooses_the_quantile_with_many_noisy_workers_and_leaves_it_when_it_stops_paying():
+    rng = np.random.default_rng(4)
+    noisy = LBBSPPolicy()  # variance_aware="auto"
+    _run(noisy, lambda step: np.where(np.arange(256) % 4 == 0, 0.4, 0.05), 200, rng, 256 * 64)
+    assert LBBSPPolicy.CANDIDATES[noisy.choice.best] == "quantile", noisy.choice.scores
+    # Worker 0 of 8 is erratic for 100 steps, then as steady as the others: its spread (a memory of about
+    # 200 steps) still asks for slack it no longer needs, and the quantile candidate falls behind.
+    calmed = LBBSPPolicy()
+    _run(calmed, lambda step: np.where((np.arange(8) == 0) & (step < 100), 0.5, 0.01), 300, rng, 8 * 64)
+    assert calmed.errors.spread[0] > 5 * calmed.errors.spread[1]
+    assert LBBSPPolicy.CANDIDATES[calmed.choice.best] != "quantile", calmed.choice.scores
+    assert calmed.choice.scores[2] > 0.02 and calmed.choice.scored > 250

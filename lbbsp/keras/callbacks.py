@@ -13,6 +13,7 @@ import tensorflow as tf
 from ..controller import BalanceController
 from ..forecasting import FORECAST_BUDGET, Background, Forecaster, check_budget
 from ..history import FIELDS, StepLog
+from ..policies import LBBSPPolicy
 from ..steptime import batch_free_speed
 from .data import BalancedFeed
 from .global_metrics import global_metric_results
@@ -78,7 +79,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     `lbbsp_overhead_cpu_ms` (the CPU time of that work: what the plugin costs),
     `lbbsp_background_ms` (the decision, off it) and, with a predictor,
     `lbbsp_model_share` (the share of this epoch's forecasts this worker's
-    predictor made; the rest were its last measured speed) into the epoch logs.
+    predictor made; the rest were its last measured speed) and, for
+    lbbsp's default `variance_aware="auto"`, `lbbsp_choice` (the split it
+    takes now, an index into LBBSPPolicy.CANDIDATES: 0 the forecasts, 1
+    corrected, 2 their quantile) into the epoch logs.
     """
 
     def __init__(self, feed, policy="lbbsp", predictor="narx", warmup_steps=2, plan_ahead=1, sync_metrics=True,
@@ -431,6 +435,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         model, last = (now - before for now, before in zip(self._forecast_counts(), self._counts_before))
         if model + last:
             logs["lbbsp_model_share"] = model / (model + last)
+        policy = self.controller.policy
+        if isinstance(policy, LBBSPPolicy) and policy.variance_aware == "auto":
+            logs["lbbsp_choice"] = policy.choice.best
 
     def on_train_end(self, logs=None):
         self.feed.close()

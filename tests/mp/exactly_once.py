@@ -64,8 +64,11 @@ class Decisions(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
+    def on_epoch_end(self, epoch, logs=None):
+        self.choices.append(logs.get("lbbsp_choice"))
+
     def on_train_begin(self, logs=None):
-        self.expected, self.grids = [], []
+        self.expected, self.grids, self.choices = [], [], []
 
 
 def note(index):
@@ -121,6 +124,9 @@ mine = {
     "batch_sizes": sorted({len(r) for r in chunks}),
     "tracing_count": model.train_function.experimental_get_tracing_count(),
     "predictor_failures": balancer.forecaster.failures,
+    "choice": balancer.controller.policy.choice.state()["scores"],  # the hindsight scores of the "auto" split
+    "scored": balancer.controller.policy.choice.scored,
+    "choice_log": decisions.choices,
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
 }
 everyone = allgather_object(mine)
