@@ -58,7 +58,8 @@ def parse(argv=None):
         except ValueError:
             parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
         args.forecast_budget = {"forecast_budget": value}
-    for given, option in ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware")):
+    lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"))
+    for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
     if args.policy == "oracle" and not args.curves:

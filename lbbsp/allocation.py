@@ -292,20 +292,27 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     split is not balanced for them, or just measured to jump) keep their
     speeds, and so does everyone with fewer than two free workers. Inputs
     must be clean (see `sanitize`); `noise` is each worker's standard
-    deviation of one log speed measurement.
+    deviation of one log speed measurement. `speeds`, `batches` and `free`
+    may also hold several splits, one per row (along the last axis), each
+    shrunk towards its own batches in one call.
     """
     v = np.asarray(speeds, dtype=np.float64)
-    free = np.asarray(free, dtype=bool)
-    if np.count_nonzero(free) < 2:
+    free = np.broadcast_to(np.asarray(free, dtype=bool), v.shape)
+    count = np.count_nonzero(free, axis=-1)[..., None]
+    if np.all(count < 2):
         return v.copy()
+
+    def free_mean(x):
+        return np.where(free, x, 0.0).sum(axis=-1, keepdims=True) / np.maximum(count, 1)
+
     balanced = np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
     departure = np.log(v) - balanced
-    departure -= np.mean(departure[free])
+    departure -= free_mean(departure)
     noise2 = np.square(np.nan_to_num(np.asarray(noise, dtype=np.float64), nan=0.0, posinf=0.0))
     with np.errstate(divide="ignore", invalid="ignore"):
         keep = np.where(departure * departure > noise2, 1.0 - noise2 / (departure * departure), 0.0)
     pull = (1.0 - keep) * departure
-    return np.where(free, np.exp(np.log(v) - pull + np.mean(pull[free])), v)
+    return np.where(free & (count >= 2), np.exp(np.log(v) - pull + free_mean(pull)), v)
 
 
 def _finish(batches, speeds, offsets):

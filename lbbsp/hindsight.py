@@ -17,9 +17,14 @@ noise, balancing the means wins (the slowest of a few draws is rarely far
 out); with hundreds of noisy workers the tail wins by 20-30%.
 
 Each candidate's score is an exponentially weighted mean of log(its step
-time / the first candidate's), weight `rate` for the newest step; the
-choice is the lowest score, the first candidate on ties and before any
-score. Every rank scores the same gathered numbers, so all choose alike.
+time / the first candidate's), weight `rate` for the newest step. The
+choice starts at the first candidate and moves to another only when that
+one's score is lower than the current choice's by more than `margin`
+(log of a relative step time): a move changes the split, which costs a
+step or two of settling, so candidates that differ by less than that are
+not worth switching between, and a few lucky steps do not move it (the
+scores start at 0 and approach their mean over about 1 / rate steps).
+Every rank scores the same gathered numbers, so all choose alike.
 """
 import numpy as np
 
@@ -27,25 +32,29 @@ __all__ = ["Hindsight"]
 
 
 class Hindsight:
-    """Scores candidate splits against the speeds then measured; see the module docstring."""
+    """Scores candidate splits against the speeds then measured; `best` is the index of the one chosen
+    (see the module docstring)."""
 
-    def __init__(self, candidates, rate=0.05):
+    def __init__(self, candidates, rate=0.05, margin=0.01):
         if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 1:
-            raise ValueError(f"candidates={candidates!r} is not allowed: give the number of candidates, an integer >= 1")
+            raise ValueError(f"candidates={candidates!r} is not allowed: give the number of candidates, "
+                             "an integer >= 1")
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
             raise ValueError(f"rate={rate!r} is not allowed: give the weight of the newest step, in (0, 1]")
-        self.candidates, self.rate = candidates, float(rate)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin={margin!r} is not allowed: give a log relative step time in [0, 1)")
+        self.candidates, self.rate, self.margin = candidates, float(rate), float(margin)
         self.start()
 
     def start(self):
         """Forget every score and proposal (start of training)."""
         self.scores = np.zeros(self.candidates)
-        self.scored = 0
+        self.scored = self.best = 0
         self._proposed = {}
 
     def state(self):
         # The scores are per candidate, not per worker: a list, which lbbsp.membership leaves as it is.
-        return {"scores": self.scores.tolist(), "scored": self.scored,
+        return {"scores": self.scores.tolist(), "scored": self.scored, "best": self.best,
                 "_proposed": {step: v.copy() for step, v in self._proposed.items()}}
 
     def load_state(self, state):
@@ -53,13 +62,8 @@ class Hindsight:
         if scores.shape != (self.candidates,):
             raise ValueError(f"scores for {scores.size} candidates cannot be loaded into a choice among "
                              f"{self.candidates}")
-        self.scores, self.scored = scores.copy(), int(state["scored"])
+        self.scores, self.scored, self.best = scores.copy(), int(state["scored"]), int(state["best"])
         self._proposed = {int(step): np.array(v, dtype=np.float64) for step, v in state["_proposed"].items()}
-
-    @property
-    def best(self):
-        """Index of the candidate with the lowest score (the first on ties)."""
-        return int(np.argmin(self.scores))
 
     def propose(self, step, splits):
         """Remember the candidate splits (one row per candidate) for global step `step`."""
@@ -84,3 +88,6 @@ class Hindsight:
         if np.isfinite(relative).all():
             self.scores += self.rate * (relative - self.scores)
             self.scored += 1
+            challenger = int(np.argmin(self.scores))  # the first on ties
+            if self.scores[challenger] < self.scores[self.best] - self.margin:
+                self.best = challenger

@@ -299,8 +299,9 @@ class LBBSPPolicy(Policy):
     the pace. With "auto" (the default), every step plans three
     candidates, the forecasts as they are, corrected, and the quantile of
     the corrected, scores each against the speeds then measured, and
-    takes the one that has lately been fastest (lbbsp.hindsight); the
-    forecasts as they are until the scores say otherwise. False always
+    takes the one that has lately been fastest by more than a margin
+    (lbbsp.hindsight); the forecasts as they are until the scores say
+    otherwise. False always
     balances the forecasts as they are. `model` takes a StepTimeModel or a
     dict of its arguments.
     """
@@ -415,13 +416,12 @@ class LBBSPPolicy(Policy):
         shadows = self._shadows
         if shadows is None or shadows.shape != (len(candidates), self.num_workers):
             shadows = np.tile(self.batches.astype(np.float64), (len(candidates), 1))
-        splits = []
-        for planned, shadow in zip(candidates, shadows):
-            if self.shrink_noise:
-                free = (shadow > lower) & (shadow < upper) & ~self.model.changed
-                planned = shrink_to_current(planned, offsets, shadow, self.model.noise, free)
-            splits.append(continuous_split(offsets, planned, total, lower, upper)[0])
-        self._shadows = np.stack(splits)  # a new array: a saved state() keeps the one it was given
+        planned = np.stack(candidates)
+        if self.shrink_noise:
+            free = (shadows > lower) & (shadows < upper) & ~self.model.changed
+            planned = shrink_to_current(planned, offsets, shadows, self.model.noise, free)
+        # A new array: a saved state() keeps the one it was given.
+        self._shadows = np.stack([continuous_split(offsets, p, total, lower, upper)[0] for p in planned])
         if target is not None:
             self.choice.propose(target, self._shadows)
         return candidates[self.choice.best]

@@ -365,6 +365,19 @@ def test_shrinkage_only_pulls_free_workers_towards_the_current_split(case):
     assert shrink_to_current(v, k, batches, noise, free).tobytes() == out.tobytes()
 
 
+@given(departures(), st.integers(0, 2**32 - 1))
+@settings(max_examples=100, deadline=None)
+def test_shrinking_several_splits_at_once_shrinks_each_row_as_alone(case, seed):
+    v, k, batches, noise, free = case
+    rng = np.random.default_rng(seed)
+    rows = np.stack([v, v * np.exp(rng.normal(0.0, 0.3, v.size)), v])
+    splits = np.stack([batches, batches[::-1], batches])
+    frees = np.stack([free, ~free, np.ones_like(free)])
+    together = shrink_to_current(rows, k, splits, noise, frees)
+    alone = np.stack([shrink_to_current(r, k, b, noise, f) for r, b, f in zip(rows, splits, frees)])
+    np.testing.assert_allclose(together, alone, rtol=1e-12)
+
+
 def test_shrinkage_without_noise_changes_nothing_and_a_split_within_noise_is_kept():
     v, k, batches = np.array([100.0, 90.0, 300.0]), np.array([8.0, 8.0, 8.0]), np.array([80, 80, 96])
     assert np.allclose(shrink_to_current(v, k, batches, np.zeros(3), np.ones(3, bool)), v)

@@ -58,7 +58,8 @@ def test_state_round_trip_and_the_scores_are_not_taken_for_per_worker_values():
 
 @pytest.mark.parametrize("kwargs, bad", [({"candidates": 0}, "candidates=0"), ({"candidates": True}, "candidates=True"),
                                          ({"candidates": 2, "rate": 0.0}, "rate=0.0"),
-                                         ({"candidates": 2, "rate": 1.5}, "rate=1.5")])
+                                         ({"candidates": 2, "rate": 1.5}, "rate=1.5"),
+                                         ({"candidates": 2, "margin": -0.1}, "margin=-0.1")])
 def test_bad_arguments_name_the_value(kwargs, bad):
     with pytest.raises(ValueError, match=bad):
         Hindsight(**kwargs)
@@ -76,3 +77,20 @@ def test_a_proposal_is_kept_as_it_was_when_the_caller_reuses_its_array():
     splits[:] = [[1.0, 3.0], [2.0, 2.0]]
     choice.observe(0, np.array([1.0, 3.0]), np.zeros(2))
     assert choice.best == 1
+
+
+def test_the_choice_moves_only_for_a_gain_beyond_the_margin_and_then_stays():
+    choice = Hindsight(2, rate=0.5, margin=0.01)
+    speeds, offsets = np.array([1.0, 1.0]), np.zeros(2)
+    for step in range(20):  # the second would be 0.5% faster: not worth a move
+        choice.propose(step, [[100.0, 100.0], [99.5, 99.5]])
+        choice.observe(step, speeds, offsets)
+    assert choice.best == 0 and choice.scores[1] == pytest.approx(np.log(0.995))
+    for step in range(20, 40):  # 3% faster: it moves
+        choice.propose(step, [[100.0, 100.0], [97.0, 97.0]])
+        choice.observe(step, speeds, offsets)
+    assert choice.best == 1
+    for step in range(40, 60):  # the first is now 0.5% faster: within the margin, the choice stays
+        choice.propose(step, [[99.5, 99.5], [100.0, 100.0]])
+        choice.observe(step, speeds, offsets)
+    assert choice.best == 1 and choice.scores[1] > choice.scores[0]
