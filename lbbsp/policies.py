@@ -301,9 +301,8 @@ class LBBSPPolicy(Policy):
     the corrected, scores each against the speeds then measured, and
     takes the one that has lately been fastest by more than a margin
     (lbbsp.hindsight); the forecasts as they are until the scores say
-    otherwise. False always
-    balances the forecasts as they are. `model` takes a StepTimeModel or a
-    dict of its arguments.
+    otherwise. False always balances the forecasts as they are. `model`
+    takes a StepTimeModel or a dict of its arguments.
     """
 
     name = "lbbsp"
@@ -376,6 +375,7 @@ class LBBSPPolicy(Policy):
         self.model.update(stats.batches, stats.compute)
         if self.variance_aware:
             self.errors.observe(stats.step, self.model.speeds)
+        if self.variance_aware == "auto":  # only "auto" proposes candidates to score
             self.choice.observe(stats.step, self.model.speeds, self.model.offsets)
         with np.errstate(all="ignore"):
             jump = np.exp(np.abs(np.log(before / self.model.speeds)))
