@@ -47,6 +47,8 @@ def parse(argv=None):
                         help="lbbsp policy with shrink_noise=False: every departure of the forecasts moves the split")
     parser.add_argument("--variance-aware", choices=("auto", "true", "false"), default="auto",
                         help="lbbsp policy's variance_aware: auto (the default), always (true) or never (false)")
+    parser.add_argument("--no-pool-offsets", action="store_true",
+                        help="lbbsp policy's step-time model fits each worker's fixed cost alone (StepTimeModel pool=False)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -58,7 +60,8 @@ def parse(argv=None):
         except ValueError:
             parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
         args.forecast_budget = {"forecast_budget": value}
-    lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"))
+    lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"),
+                  (args.no_pool_offsets, "--no-pool-offsets"))
     for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
@@ -234,9 +237,10 @@ def main(argv=None):
                                                  batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
-        if args.no_shrink_noise or args.variance_aware != "auto":
+        if args.no_shrink_noise or args.variance_aware != "auto" or args.no_pool_offsets:
             aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
-            policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware)
+            policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
+                                 model={"pool": not args.no_pool_offsets})
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
             from .oracle import CurveBook, OraclePolicy, load_curves
 

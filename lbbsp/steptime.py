@@ -22,9 +22,22 @@ Two time scales, estimated differently:
   z = b_s - b_{s-1}, decided from older timings and so independent of this
   step's noise, is the instrument: k = sum z y / sum z x (instrumental
   variables; x = t_s - t_{s-1}, y = t_{s-1} b_s - t_s b_{s-1}). Pairs that
-  straddle a detected speed change are left out. While the batch has not
-  moved enough, k keeps its prior (AdaptDL pins its fixed cost the same way
-  while one batch size was seen).
+  straddle a detected speed change are left out.
+
+Each worker's estimate has a standard error, and with large batches (k a
+few % of the step) or noisy timings that error is large: on 1024 simulated
+workers with 512 samples each and a true k of 16, the per-worker fits
+spread from 0 to 300. Workers that run the same model have about the same
+k in samples, so the fits are pooled (empirical Bayes, as for the spreads
+in lbbsp.uncertainty): the precision-weighted mean of the workers' fits,
+the variance of the true k between workers beyond their standard errors,
+and each worker's fit shrunk towards the mean by its own error. Workers
+that truly differ (a GPU and a CPU) keep their own k; imprecise fits
+borrow from the others. A worker whose batch has never moved enough takes
+the pooled k, not the prior, once three workers have fits; with fewer (or
+`pool=False`), a fit is taken alone if precise enough (`max_error`), and k
+otherwise keeps its prior (AdaptDL pins its fixed cost the same way while
+one batch size was seen).
 
 The model is fitted on every rank from the gathered (batch, compute time) of
 every worker, so all ranks hold the same numbers and take the same decisions.
@@ -38,9 +51,16 @@ forgetting      0.98     weight of the past per step in the fixed cost's sums (m
                          about 1 / (1 - forgetting) = 50 steps)
 min_spread      0.05     root-mean-square batch change between steps, relative to the
                          batch, below which k is not identifiable and keeps its value
-max_error       0.25     a fit of k is accepted only when its standard error is below
-                         this fraction of the mean batch (noisy timings over small batch
-                         moves would otherwise give absurd fixed costs)
+max_error       0.25     with fewer than three workers' fits to pool, a fit of k is
+                         accepted only when its standard error is below this fraction
+                         of the mean batch (noisy timings over small batch moves would
+                         otherwise give absurd fixed costs)
+pool            True     pool the workers' fits (above); False fits each worker alone,
+                         with the `max_error` rule
+min_error       0.01     a fit's standard error is taken as at least this fraction of
+                         the mean batch when pooling: timings do not resolve k finer,
+                         and a chance near-zero residual must not outweigh every other
+                         worker's fit
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
                          co-located job): that pair is not used for k
@@ -75,10 +95,15 @@ def batch_free_speed(batch, compute, offset=0.0):
 class StepTimeModel:
     """Fits k_i and tracks v_i for N workers from per-step (batch, compute seconds) pairs; see the module docstring."""
 
-    def __init__(self, forgetting=0.98, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0):
+    def __init__(self, forgetting=0.98, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0,
+                 min_error=0.01, pool=True):
         self.forgetting = _number("forgetting", forgetting, 0.0, 1.0, low_open=True, high_open=True)
         self.min_spread = _number("min_spread", min_spread, 0.0, 1.0, low_open=True)
         self.max_error = _number("max_error", max_error, 0.0, np.inf, low_open=True, high_open=True)
+        self.min_error = _number("min_error", min_error, 0.0, 1.0, low_open=True)
+        if not isinstance(pool, bool):
+            raise ValueError(f"pool={pool!r} is not allowed: it must be True or False")
+        self.pool = pool
         self.change = _number("change", change, 0.0, np.inf, low_open=True, high_open=True)
         self.max_offset = _number("max_offset", max_offset, 0.0, np.inf, high_open=True)
         self.prior_offset = _number("offset", offset, 0.0, np.inf, high_open=True)
@@ -98,6 +123,9 @@ class StepTimeModel:
         self.updates = 0
 
     _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
+    #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
+    #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
+    MIN_POOLED = 3
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
     #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
     EMPTY = {"_sums": 0.0, "_last": np.nan}
@@ -178,7 +206,30 @@ class StepTimeModel:
         error = np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx)
         scale = np.sqrt(sbb / w)  # root-mean-square batch of the pairs
         three_pairs = 1.0 + self.forgetting + self.forgetting ** 2  # w after three pairs: one pair has no residual
-        fit = (w >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & \
-            (np.sqrt(szz / sbb) >= self.min_spread) & (error < self.max_error * scale)
-        self.offsets = np.where(fit, np.clip(k, 0.0, self.max_offset * scale), self.offsets)
+        fit = (w >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
+            (np.sqrt(szz / sbb) >= self.min_spread)
+        if not self.pool or np.count_nonzero(fit) < self.MIN_POOLED:
+            fit &= error < self.max_error * scale
+            self.offsets = np.where(fit, np.clip(k, 0.0, self.max_offset * scale), self.offsets)
+            self.identified |= fit
+            return
+        pooled, shrunk = _pool(k[fit], np.maximum(error[fit], self.min_error * scale[fit]))
+        own = np.full(k.size, pooled)
+        own[fit] = shrunk
+        # A worker never fitted takes the pooled k; one fitted before whose batch has since settled keeps its own.
+        take = fit | ~self.identified
+        cap = np.where(np.isfinite(scale), self.max_offset * scale, np.inf)
+        self.offsets = np.where(take, np.clip(own, 0.0, cap), self.offsets)
         self.identified |= fit
+
+
+def _pool(estimates, errors):
+    """(pooled mean, each estimate shrunk towards it) for estimates with standard errors: the precision-weighted
+    mean, the variance tau^2 of the true values between workers (the estimates' variance less their mean
+    squared error, as lbbsp.uncertainty does for spreads: unweighted, so that a few precise fits of one kind
+    do not hide a second kind), and the shrinkage tau^2 / (tau^2 + error^2) of each departure from the mean."""
+    variance = errors * errors
+    precision = 1.0 / variance
+    pooled = float(precision @ estimates / precision.sum())
+    tau2 = max(float(np.var(estimates)) - float(np.mean(variance)), 0.0)
+    return pooled, pooled + tau2 / (tau2 + variance) * (estimates - pooled)
