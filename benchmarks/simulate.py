@@ -40,7 +40,8 @@ policy can beat the first; the second is reachable by a perfect
 forecaster of the mean where the noise is drawn apart from the mean
 ("recorded", "low-noise"; a causal policy may even pass it there by using
 the noise's autocorrelation, which it ignores); the third by perfect
-knowledge of the present. Reported per (N, profile, policy), over the
+knowledge of the present. Reported per (N, profile, policy) (with
+`--seeds`, the median and range over clusters drawn with each seed), over the
 steps after `--skip` (a variance-aware split learns which workers it
 forecasts worst): eta = (best possible step) / (step taken), as a
 fraction of the mean oracle's too, the speedup over equal batches, and
@@ -241,6 +242,30 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     return {"eta": np.array(eta), "step_time": np.array(step_time), "decide": np.array(decide)}
 
 
+def _collect(figures, runs, skip):
+    """Add one seed's figures per policy: eta, as a fraction of the mean oracle's and the speedup over equal
+    batches (where those ran), and the decision times."""
+    base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
+    reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
+    for name, r in runs.items():
+        eta = r["eta"][skip:].mean()
+        figures[name]["eta"].append(eta)
+        if reference:
+            figures[name]["of_mean"].append(eta / reference)
+        if base:
+            figures[name]["speedup"].append(base / r["step_time"][skip:].mean())
+        figures[name]["decide"].append(r["decide"])
+
+
+def _cell(values, width, digits=3):
+    """One figure, or the median [min-max] of several; '-' when there is none."""
+    if not values:
+        return f"{'-':>{width}}"
+    if len(values) == 1:
+        return f"{values[0]:>{width}.{digits}f}"
+    return f"{np.median(values):>{width}.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
@@ -255,6 +280,8 @@ def main(argv=None):
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", help="comma-separated seeds, one cluster each, every policy on every one: cells "
+                                        "are then the median with [min-max] over the seeds (overrides --seed)")
     parser.add_argument("--plot", help="write a plot of eta against the number of workers to this PNG path")
     args = parser.parse_args(argv)
     if args.skip is None:
@@ -262,38 +289,39 @@ def main(argv=None):
     sizes = [int(s) for s in args.workers.split(",")]
     names = [p.strip() for p in args.policies.split(",")]
     profiles = [p.strip() for p in args.profiles.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        parser.error(f"--seeds={args.seeds!r} is not allowed: give comma-separated integers")
     unknown = [p for p in names if p not in POLICY_VARIANTS] + [p for p in profiles if p not in PROFILES]
     if unknown or any(s < 1 for s in sizes) or args.steps < 20 or not 0 <= args.skip < args.steps - 10 \
-            or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0:
+            or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0 or len(set(seeds)) < len(seeds):
         parser.error(f"bad arguments: unknown policies or profiles {unknown}, sizes {sizes} (>= 1), steps "
                      f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), "
-                     f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0)")
+                     f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0), "
+                     f"seeds {seeds} (each once)")
     print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
-          f"{'decision ms (median/p99)':>26}")
+          f"{'decision ms (median/p99)':>26}" + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
     etas = {}
     for n in sizes:
         for profile in profiles:
-            cluster = Cluster(n, args.steps, seed=args.seed, offset=args.offset, aggregate=args.aggregate,
-                              profile=profile)
-            stats = noise_stats(cluster, args.per_worker_batch * n)
-            print(f"{n:>8} {profile:<10} noise: spread {stats['spread']:.3f}, p99 |log dev| {stats['p99']:.3f}, "
-                  f"lag-1 autocorrelation {stats['lag1']:.2f}; floor-bound steps {100 * stats['floor']:.0f}%",
-                  flush=True)
-            runs = {}
-            for name in names:
-                policy, predictor = POLICY_VARIANTS[name]
-                runs[name] = simulate(cluster, policy, predictor, args.per_worker_batch * n,
-                                      steps_per_epoch=args.steps_per_epoch)
-            skip = args.skip
-            base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
-            reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
-            for name, r in runs.items():
-                eta = etas[(n, profile, name)] = r["eta"][skip:].mean()
-                of_mean = f"{eta / reference:>15.3f}" if reference else f"{'-':>15}"
-                speedup = f"{base / r['step_time'][skip:].mean():>7.2f}x" if base else f"{'-':>8}"
-                print(f"{n:>8} {profile:<10} {name:<18} {eta:>6.3f} {of_mean} {speedup} "
-                      f"{1e3 * np.median(r['decide']):>14.3f} / {1e3 * np.percentile(r['decide'], 99):.3f}",
-                      flush=True)
+            figures = {name: {"eta": [], "of_mean": [], "speedup": [], "decide": []} for name in names}
+            for seed in seeds:
+                cluster = Cluster(n, args.steps, seed=seed, offset=args.offset, aggregate=args.aggregate,
+                                  profile=profile)
+                stats = noise_stats(cluster, args.per_worker_batch * n)
+                print(f"{n:>8} {profile:<10} noise: spread {stats['spread']:.3f}, p99 |log dev| {stats['p99']:.3f}, "
+                      f"lag-1 autocorrelation {stats['lag1']:.2f}; floor-bound steps {100 * stats['floor']:.0f}%"
+                      + (f" (seed {seed})" if len(seeds) > 1 else ""), flush=True)
+                runs = {name: simulate(cluster, *POLICY_VARIANTS[name], args.per_worker_batch * n,
+                                       steps_per_epoch=args.steps_per_epoch) for name in names}
+                _collect(figures, runs, args.skip)
+            for name, f in figures.items():
+                etas[(n, profile, name)] = float(np.median(f["eta"]))
+                decide = 1e3 * np.concatenate(f["decide"])
+                print(f"{n:>8} {profile:<10} {name:<18} {_cell(f['eta'], 6)} {_cell(f['of_mean'], 15)} "
+                      f"{_cell(f['speedup'], 7, 2)}{'x' if f['speedup'] else ' '} "
+                      f"{np.median(decide):>14.3f} / {np.percentile(decide, 99):.3f}", flush=True)
     if args.plot:
         from .plots import plot_scaling
 

@@ -198,6 +198,20 @@ def test_simulator_plots_eta_against_cluster_size(tmp_path, capsys):
     assert path.stat().st_size > 1000 and "lagged-mean-oracle" in out and "floor-bound steps" in out
 
 
+def test_simulator_gives_median_and_range_over_seeds(capsys):
+    from benchmarks.simulate import main
+
+    assert main(["--workers", "4", "--steps", "30", "--profiles", "low-noise", "--policies", "equal,mean-oracle",
+                 "--seeds", "0,1,2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum("(seed " in line for line in out) == 3
+    row = next(line for line in out if " equal " in line)
+    eta, low, high = (float(x) for x in row.split()[3].split() + row.split()[4].strip("[]").split("-"))
+    assert low <= eta <= high and low < high
+    with pytest.raises(SystemExit):
+        main(["--workers", "4", "--seeds", "1,1"])
+
+
 def test_decision_benchmark_times_every_policy():
     from lbbsp.policies import LBBSPPolicy
 
