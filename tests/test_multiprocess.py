@@ -65,6 +65,9 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
     assert ranks[0]["scored"] > 0 and all(rank["choice"] == ranks[0]["choice"] for rank in ranks)
     assert all(rank["choice_log"] == ranks[0]["choice_log"] for rank in ranks)
     assert len(ranks[0]["choice_log"]) == 3 and set(ranks[0]["choice_log"]) <= {0, 1, 2}, ranks[0]["choice_log"]
+    # The step-time model (its fixed costs pooled across workers) is the same on every rank, bit for bit.
+    assert all(rank["offsets"] == ranks[0]["offsets"] and rank["identified"] == ranks[0]["identified"]
+               for rank in ranks)
     if multiple == "auto":
         # The default grid (2 samples) is refined on every rank alike once the crawling worker sits at its floor.
         grids = ranks[0]["grids"]

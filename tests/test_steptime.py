@@ -104,7 +104,6 @@ def test_speeds_are_the_last_measurement_not_an_average():
     assert m.threshold[0] >= m.change
 
 
-
 def balanced_run(model, v, k, steps, seed, noise=0.03, batch=512):
     """Feed `model` a balancer's steps: every worker's batch near its share of the total, moved by up to 10%."""
     rng = np.random.default_rng(seed)

@@ -127,6 +127,8 @@ mine = {
     "choice": balancer.controller.policy.choice.state()["scores"],  # the hindsight scores of the "auto" split
     "scored": balancer.controller.policy.choice.scored,
     "choice_log": decisions.choices,
+    "offsets": balancer.controller.policy.model.offsets.tolist(),  # the fixed costs, pooled from three fits on
+    "identified": balancer.controller.policy.model.identified.tolist(),
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
 }
 everyone = allgather_object(mine)
