@@ -237,7 +237,7 @@ def main(argv=None):
                                                  batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
         policy, warmup = args.policy, 2
-        if args.no_shrink_noise or args.variance_aware != "auto" or args.no_pool_offsets:
+        if args.policy == "lbbsp":  # the options left at their defaults give what the name "lbbsp" makes
             aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
             policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
                                  model={"pool": not args.no_pool_offsets})

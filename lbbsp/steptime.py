@@ -28,16 +28,16 @@ Each worker's estimate has a standard error, and with large batches (k a
 few % of the step) or noisy timings that error is large: on 1024 simulated
 workers with 512 samples each and a true k of 16, the per-worker fits
 spread from 0 to 300. Workers that run the same model have about the same
-k in samples, so the fits are pooled (empirical Bayes, as for the spreads
-in lbbsp.uncertainty): the precision-weighted mean of the workers' fits,
-the variance of the true k between workers beyond their standard errors,
-and each worker's fit shrunk towards the mean by its own error. Workers
-that truly differ (a GPU and a CPU) keep their own k; imprecise fits
-borrow from the others. A worker whose batch has never moved enough takes
-the pooled k, not the prior, once three workers have fits; with fewer (or
-`pool=False`), a fit is taken alone if precise enough (`max_error`), and k
-otherwise keeps its prior (AdaptDL pins its fixed cost the same way while
-one batch size was seen).
+k in samples, so the fits are pooled (empirical Bayes, lbbsp.pooling, as
+for the spreads in lbbsp.uncertainty): the precision-weighted mean of the
+workers' fits, the variance of the true k between workers beyond their
+standard errors, and each worker's fit shrunk towards the mean by its own
+error. Workers that truly differ (a GPU and a CPU) keep their own k;
+imprecise fits borrow from the others. A worker whose batch has never
+moved enough takes the pooled k, not the prior, once three workers have
+fits; with fewer (or `pool=False`), a fit is taken alone if precise
+enough (`max_error`), and k otherwise keeps its prior (AdaptDL pins its
+fixed cost the same way while one batch size was seen).
 
 The model is fitted on every rank from the gathered (batch, compute time) of
 every worker, so all ranks hold the same numbers and take the same decisions.
@@ -74,6 +74,8 @@ offset          0        prior k in samples while it is not identified; 0 makes 
 import math
 
 import numpy as np
+
+from .pooling import shrink_towards
 
 __all__ = ["StepTimeModel", "batch_free_speed"]
 
@@ -223,13 +225,11 @@ class StepTimeModel:
         self.identified |= fit
 
 
+
 def _pool(estimates, errors):
     """(pooled mean, each estimate shrunk towards it) for estimates with standard errors: the precision-weighted
-    mean, the variance tau^2 of the true values between workers (the estimates' variance less their mean
-    squared error, as lbbsp.uncertainty does for spreads: unweighted, so that a few precise fits of one kind
-    do not hide a second kind), and the shrinkage tau^2 / (tau^2 + error^2) of each departure from the mean."""
+    mean, and each estimate pulled towards it by lbbsp.pooling."""
     variance = errors * errors
     precision = 1.0 / variance
     pooled = float(precision @ estimates / precision.sum())
-    tau2 = max(float(np.var(estimates)) - float(np.mean(variance)), 0.0)
-    return pooled, pooled + tau2 / (tau2 + variance) * (estimates - pooled)
+    return pooled, shrink_towards(pooled, estimates, variance)

@@ -14,9 +14,9 @@ hardware and neighbours, and a short window would both miss rare jumps and
 be too noisy to rank workers by. Each worker's mean square is then shrunk
 towards the cluster's (empirical Bayes): by how much follows from how far
 the workers' estimates differ beyond what their own sampling error
-explains. Workers alike in truth then share one spread, so sampling noise
-(a straggler step that happened to fall in one worker's window) does not
-move batches; workers that really differ keep their own. A newcomer, or a
+explains (lbbsp.pooling). Workers alike in truth then share one spread, so
+sampling noise (a straggler step that happened to fall in one worker's
+window) does not move batches; workers that really differ keep their own. A newcomer, or a
 worker with no error yet, gets the cluster's. Every rank feeds the same
 gathered numbers, so all hold the same spreads.
 
@@ -46,6 +46,8 @@ min_pairs     16       (departure, error) pairs before beta is used; beta is
 ============  =======  ============================================================
 """
 import numpy as np
+
+from .pooling import shrink_towards
 
 __all__ = ["PlanningError"]
 
@@ -165,7 +167,6 @@ class PlanningError:
             # that a worker with one or two errors is not taken as exact) over the effective count.
             spread_of_square = np.maximum(s4 / weight - mean ** 2, 2.0 * pooled ** 2)
             sampling = np.where(seen, spread_of_square * weight2 / weight ** 2, np.inf)
-        between = max(float(np.var(mean[seen])) - float(np.mean(sampling[seen])), 0.0)
-        with np.errstate(all="ignore"):
-            keep = np.where(seen & (between + sampling > 0), between / (between + sampling), 0.0)
-        return np.sqrt(pooled + keep * np.where(seen, mean - pooled, 0.0))
+        shrunk = np.full(weight.size, pooled)
+        shrunk[seen] = shrink_towards(pooled, mean[seen], sampling[seen])
+        return np.sqrt(shrunk)
