@@ -13,7 +13,9 @@ rank, and for scenarios whose contention changes, the step efficiency at
 each step after a change (benchmarks.analysis.recovery). Writes under
 --out/<scenario>/: one folder per variant and
 round (per-rank step CSVs, summary.json, log), curves.json, table.md,
-results.json and PNG plots.
+results.json and PNG plots. `--table-only` runs nothing and prints the tables
+of the comparison already there anew (e.g. an earlier run's, with the
+reachable ideals of the current code).
 """
 import argparse
 import csv
@@ -73,18 +75,27 @@ def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None
         return json.load(fh)
 
 
-def curve_records(out_dir):
-    """(worker, speed, hog, batch, compute) of every lbbsp-run step so far (first epoch excluded)."""
-    records = []
-    for path in glob.glob(os.path.join(out_dir, "*", "r*", "steps_rank*.csv")):
+def measured_steps(out_dir):
+    """Every lbbsp-run step so far (first epoch and the oracle's runs excluded), each a list by rank of
+    ((state speed, hog), batch, compute)."""
+    steps = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "*", "r*", "steps_rank*.csv"))):
         if os.sep + "oracle" + os.sep in path:
             continue
+        run = os.path.dirname(path)
         with open(path) as fh:
             for row in csv.DictReader(fh):
                 if int(row["epoch"]) >= 1:
-                    records.append((int(row["rank"]), float(row["state_speed"]), row["state_hog"] == "True",
-                                    float(row["batch_size"]), float(row["compute"])))
-    return records
+                    ranks = steps.setdefault((run, int(row["epoch"]), int(row["step"])), {})
+                    ranks[int(row["rank"])] = ((float(row["state_speed"]), row["state_hog"] == "True"),
+                                               float(row["batch_size"]), float(row["compute"]))
+    return [[ranks[r] for r in sorted(ranks)] for ranks in steps.values()]
+
+
+def curve_records(steps):
+    """(worker, speed, hog, batch, compute) of every rank's record in `steps` (from measured_steps)."""
+    return [(w, speed, hog, batch, compute) for step in steps
+            for w, ((speed, hog), batch, compute) in enumerate(step)]
 
 
 def _median(runs, key):
@@ -96,21 +107,27 @@ def _fmt(value, spec, scale=1.0):
     return "-" if value is None else format(value * scale, spec)
 
 
-def ideal_rows(scenario, curves, results, steps_per_epoch, epochs):
-    """Reachable ideal and hindsight-best static split from the measured curves, as epoch times."""
+def ideal_rows(scenario, curves, results, steps_per_epoch, epochs, measured=()):
+    """Reachable ideal (on the mean curves, and under the noise of the `measured` steps where there are
+    enough) and hindsight-best static split from the measured curves, as epoch times."""
     book = CurveBook(scenario, curves)
     allreduce = [np.median([np.min(r["breakdown"]["allreduce"]) for r in runs if r.get("breakdown")])
                  for label, runs in results.items() if label != BASE and any(r.get("breakdown") for r in runs)]
     comm = 1e-3 * float(np.min(allreduce)) if allreduce else 0.0
     steps = range(steps_per_epoch, steps_per_epoch * epochs)  # the measured epochs
     reach = float(np.mean([book.reachable_step(s, scenario.global_batch) for s in steps]))
+    rows = {"reachable ideal": steps_per_epoch * (reach + comm)}
+    book.measure_noise(measured)
+    try:
+        noisy = float(np.mean([book.noisy_reachable_step(s, scenario.global_batch) for s in steps]))
+        rows["reachable ideal, measured noise"] = steps_per_epoch * (noisy + comm)
+    except ValueError as exc:
+        print(f"no reachable ideal under the measured noise: {exc}", file=sys.stderr)
     split, static = book.best_static_split(list(steps), scenario.global_batch)
     equal = float(np.mean([book.equal_step(s, scenario.global_batch) for s in steps]))
-    return {
-        "reachable ideal": steps_per_epoch * (reach + comm),
-        "best static split": steps_per_epoch * (static + comm),
-        "equal (model)": steps_per_epoch * (equal + comm),
-    }, split, comm
+    rows.update({"best static split": steps_per_epoch * (static + comm),
+                 "equal (model)": steps_per_epoch * (equal + comm)})
+    return rows, split, comm
 
 
 def table(results, scenario, ideals=None):
@@ -186,6 +203,29 @@ def recovery_table(results, threshold=0.9):
     return "\n".join(lines)
 
 
+def run_all(scenario, labels, args, out_dir):
+    """Every variant in `labels`, args.repeats interleaved rounds, into a fresh `out_dir`: {label: summaries}."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    epochs = args.epochs or scenario.epochs
+    ordered = [BASE] * (BASE in labels) + [v for v in labels if v not in (BASE, "oracle")]
+    progress = Progress(total=args.repeats * len(labels), parts=epochs)
+    results = {label: [] for label in ordered + ["oracle"] * ("oracle" in labels)}
+    curves_path = os.path.join(out_dir, "curves.json")
+    for r in range(args.repeats):
+        shift = r % len(ordered) if ordered else 0
+        round_labels = ordered[shift:] + ordered[:shift] + ["oracle"] * ("oracle" in labels)
+        for label in round_labels:
+            curves = None
+            if label == "oracle":
+                save_curves(curves_path, fit_curves(curve_records(measured_steps(out_dir))))
+                curves = curves_path
+            summary = run_variant(scenario, label, r, args, os.path.join(out_dir, label, f"r{r}"), progress, curves)
+            results[label].append(summary)
+            progress.finished(f"{label} round {r + 1}", f"{summary['epoch_time']:.2f} s/epoch")
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="static-4", help=f"one of {list_scenarios()} or a YAML path")
@@ -199,6 +239,8 @@ def main(argv=None):
                         help="speeds come from container or cluster limits: workers inject nothing")
     parser.add_argument("--out", default="results")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: print the tables of the comparison already in --out anew")
     args = parser.parse_args(argv)
     try:
         scenario = Scenario.load(args.scenario)
@@ -215,32 +257,24 @@ def main(argv=None):
     if "oracle" in labels and args.external:
         parser.error("--variants with oracle is not allowed with --external: the oracle needs the scenario's states")
     out_dir = os.path.join(args.out, scenario.name)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
-    epochs = args.epochs or scenario.epochs
-    ordered = [BASE] * (BASE in labels) + [v for v in labels if v not in (BASE, "oracle")]
-    progress = Progress(total=args.repeats * len(labels), parts=epochs)
-    results = {label: [] for label in ordered + ["oracle"] * ("oracle" in labels)}
-    curves_path = os.path.join(out_dir, "curves.json")
-    for r in range(args.repeats):
-        shift = r % len(ordered) if ordered else 0
-        round_labels = ordered[shift:] + ordered[:shift] + ["oracle"] * ("oracle" in labels)
-        for label in round_labels:
-            curves = None
-            if label == "oracle":
-                save_curves(curves_path, fit_curves(curve_records(out_dir)))
-                curves = curves_path
-            summary = run_variant(scenario, label, r, args, os.path.join(out_dir, label, f"r{r}"), progress, curves)
-            results[label].append(summary)
-            progress.finished(f"{label} round {r + 1}", f"{summary['epoch_time']:.2f} s/epoch")
+    if args.table_only:
+        try:
+            with open(os.path.join(out_dir, "results.json")) as fh:
+                results = json.load(fh)["results"]
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"--table-only needs {os.path.join(out_dir, 'results.json')} of an earlier comparison: {exc}")
+        labels = list(results)
+    else:
+        results = run_all(scenario, labels, args, out_dir)
     ideals = None
     if not args.external and len(labels) > 1:
         try:
-            curves = fit_curves(curve_records(out_dir))
+            measured = measured_steps(out_dir)
+            curves = fit_curves(curve_records(measured))
             first = results[labels[0]][0]
             ideals, split, comm = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
-                                             len(first["epoch_times"]))
-            save_curves(curves_path, curves)
+                                             len(first["epoch_times"]), measured)
+            save_curves(os.path.join(out_dir, "curves.json"), curves)
         except ValueError as exc:
             print(f"no reachable ideal: {exc}", file=sys.stderr)
     text = table(results, scenario, ideals) + "\n\nPer-step breakdown (ms, median over rounds):\n\n" + \
@@ -251,8 +285,9 @@ def main(argv=None):
                  "change, and with plan_ahead=1 the first split that knows of it runs at +2):\n\n" + recovered)
     if ideals:
         text += (f"\n\nReachable ideal: the best split under each worker's step-time curve measured in this run "
-                 f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); best static split "
-                 f"{split.tolist()}.")
+                 f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); under the measured "
+                 f"noise: the split for the expected slowest finish under each step's measured deviations from "
+                 f"the curves; best static split {split.tolist()}.")
     print(text)
     with open(os.path.join(out_dir, "table.md"), "w") as fh:
         fh.write(text + "\n")

@@ -12,6 +12,13 @@ curves:
 - `reachable_step` is the best compute time any split can reach under the
   curves, the "reachable ideal" (nominal quotas ignore that a throttled
   worker also stalls and runs its part of the allreduce);
+- `noisy_reachable_step` is the same under the noise measured in the run:
+  each step's deviations from the curves (measured compute / curve at the
+  batch run), kept together across workers and grouped by the workers'
+  states; the split minimises the mean over those deviations of the slowest
+  finish. Like the simulator's mean oracle it knows the noise's distribution
+  but not the draw: the reachable ideal puts every step on the mean curves,
+  which no split reaches when a worker's steps scatter;
 - `best_static_split` is the hindsight-best fixed split over a run's states.
 """
 import json
@@ -22,6 +29,8 @@ from lbbsp.allocation import allocate, predicted_time
 from lbbsp.policies import Policy
 
 __all__ = ["fit_curves", "save_curves", "load_curves", "CurveBook", "OraclePolicy"]
+
+MIN_NOISE_STEPS = 10  # measured steps of a state combination needed to take its noise
 
 
 def _key(speed, hog):
@@ -83,6 +92,29 @@ class CurveBook:
         if missing:
             raise ValueError(f"no measured curve for (worker, state) {missing}: run the other variants first")
         self.scenario, self.curves = scenario, curves
+        self._noise, self._noisy = {}, {}
+
+    def measure_noise(self, steps):
+        """Take the deviations of measured steps: each step a list, by worker, of ((speed, hog), batch, compute).
+
+        A step's deviations are compute / (c + u * batch) under each worker's
+        curve for its state; steps that lack a worker, a curve or a positive
+        finite compute are left out.
+        """
+        grouped = {}
+        for step in steps:
+            if len(step) != self.scenario.workers:
+                continue
+            states = tuple(_key(*state) for state, _, _ in step)
+            if any((w, s) not in self.curves for w, s in enumerate(states)):
+                continue
+            cu = np.array([self.curves[(w, s)] for w, s in enumerate(states)])
+            batch, compute = np.array([[b, t] for _, b, t in step], dtype=np.float64).T
+            ratio = compute / (cu[:, 0] + cu[:, 1] * batch)
+            if np.all(np.isfinite(ratio) & (ratio > 0)):
+                grouped.setdefault(states, []).append(ratio)
+        self._noise = {states: np.array(rows) for states, rows in grouped.items()}
+        self._noisy = {}
 
     def at(self, step):
         """(offsets k, speeds v) of every worker at global step `step`."""
@@ -94,6 +126,24 @@ class CurveBook:
         """The shortest compute time any integer split reaches at `step` under the curves."""
         k, v = self.at(step)
         return predicted_time(allocate(v, global_batch, b_min, offsets=k), v, k)
+
+    def noisy_reachable_step(self, step, global_batch, b_min=1):
+        """The mean compute time of the split that minimises the expected slowest finish at `step`, under the
+        deviations `measure_noise` took for the workers' states there (at least MIN_NOISE_STEPS of them)."""
+        states = tuple(_key(*self.scenario.state(w, step)) for w in range(self.scenario.workers))
+        noise = self._noise.get(states)
+        if noise is None or len(noise) < MIN_NOISE_STEPS:
+            found = 0 if noise is None else len(noise)
+            raise ValueError(f"{found} measured steps for the states {states} (need {MIN_NOISE_STEPS})")
+        if (states, global_batch, b_min) not in self._noisy:
+            k, v = self.at(step)
+
+            def expected(b):
+                return float(np.mean(np.max((k + b) / v * noise, axis=1)))
+
+            start = allocate(v, global_batch, b_min, offsets=k)
+            self._noisy[(states, global_batch, b_min)] = expected(_local_search(start, expected, b_min))
+        return self._noisy[(states, global_batch, b_min)]
 
     def equal_step(self, step, global_batch):
         k, v = self.at(step)
@@ -107,21 +157,28 @@ class CurveBook:
         def total(b):
             return float(np.max((k + b) / v, axis=1).sum())
 
-        best = allocate(np.mean(v, axis=0), global_batch, offsets=np.mean(k, axis=0))
-        score = total(best)
+        best = _local_search(allocate(np.mean(v, axis=0), global_batch, offsets=np.mean(k, axis=0)), total)
+        return best, total(best) / len(steps)
+
+
+def _local_search(start, cost, b_min=1):
+    """Move samples between pairs of workers while that lowers `cost`: moves of 16, then 8, 4, 2 and 1
+    samples, no worker below b_min. Deterministic; the sum of the split is kept."""
+    best, score = start.copy(), cost(start)
+    for move in (16, 8, 4, 2, 1):
         improved = True
         while improved:
             improved = False
             for i in range(best.size):
                 for j in range(best.size):
-                    if i != j and best[i] > 1:
+                    if i != j and best[i] - move >= b_min:
                         trial = best.copy()
-                        trial[i] -= 1
-                        trial[j] += 1
-                        s = total(trial)
-                        if s < score - 1e-12:
-                            best, score, improved = trial, s, True
-        return best, score / len(steps)
+                        trial[i] -= move
+                        trial[j] += move
+                        value = cost(trial)
+                        if value < score - 1e-12:
+                            best, score, improved = trial, value, True
+    return best
 
 
 class OraclePolicy(Policy):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import breakdown, recovery, summarize
-from benchmarks.oracle import CurveBook, OraclePolicy, fit_curves
+from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
@@ -114,6 +114,34 @@ def test_curves_oracle_and_reachable_ideal():
     assert key == (0, 6) and b[1] < b[0], "the oracle knows worker 1 is slow at step 6"
     with pytest.raises(ValueError, match="no measured curve"):
         CurveBook(s, {})
+
+
+def test_reachable_ideal_under_the_measured_noise():
+    s = Scenario({"name": "x", "workers": 2, "workload": "conv", "global_batch": 64, "epochs": 2, "scale": 1.0,
+                  "speeds": [1, 0.5]})
+    curves = {(0, "1|0"): (0.01, 0.001), (1, "0.5|0"): (0.01, 0.002)}
+    book = CurveBook(s, curves)
+    quiet = [[((1.0, False), 32.0, 0.01 + 0.032), ((0.5, False), 32.0, 0.01 + 0.064)]] * MIN_NOISE_STEPS
+    book.measure_noise(quiet)
+    assert book.noisy_reachable_step(3, 64) == pytest.approx(book.reachable_step(3, 64))
+    # Worker 1's steps scatter by +-50% around its curve (mean one): the expected slowest finish is later,
+    # and the split that minimises it gives worker 1 less than the mean curves do.
+    rng = np.random.default_rng(0)
+    noisy = [[((1.0, False), 20.0, 0.03), ((0.5, False), 44.0, 0.098 * f)] for f in rng.choice([0.5, 1.5], 400)]
+    book.measure_noise(noisy)
+    k, v = book.at(3)
+
+    def finish(b, f):
+        return max((k[0] + 64 - b) / v[0], (k[1] + b) / v[1] * f)
+
+    plain = min(range(1, 64), key=lambda b: finish(b, 1.0))
+    best = min(range(1, 64), key=lambda b: finish(b, 0.5) + finish(b, 1.5))
+    assert best < plain
+    assert book.noisy_reachable_step(3, 64) == pytest.approx((finish(best, 0.5) + finish(best, 1.5)) / 2, rel=0.02)
+    assert book.noisy_reachable_step(3, 64) > book.reachable_step(3, 64)
+    book.measure_noise(noisy[:MIN_NOISE_STEPS - 1] + [noisy[0][:1]])  # too few, and one step lacks a worker
+    with pytest.raises(ValueError, match=f"{MIN_NOISE_STEPS - 1} measured steps"):
+        book.noisy_reachable_step(3, 64)
 
 
 def test_simulator_at_1024_workers_uses_the_real_policy_code():
@@ -253,6 +281,17 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     assert "Step efficiency after each change of contention" in out and "| lbbsp-narx | 2 |" in out
     assert (tmp_path / "out" / "tiny" / "epoch_time_and_idle.png").stat().st_size > 1000
     assert (tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "steps_rank1.csv").exists()
+    again = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
+                            str(tmp_path / "out"), "--table-only", "--no-plots"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert again.returncode == 0 and not re.search(r"^\d/8 ", again.stdout, flags=re.M), again.stdout[-4000:]
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows == [line for line in again.stdout.splitlines() if line.startswith("| ")], "the same tables anew"
+    assert "| *reachable ideal, measured noise* |" in out
+    missing = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
+                              str(tmp_path / "none"), "--table-only"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert missing.returncode == 2 and "results.json" in missing.stdout
 
 
 def test_pipeline_benchmark_compares_both_pipelines_without_horovod(tmp_path):
