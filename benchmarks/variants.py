@@ -23,6 +23,8 @@ VARIANTS = {
     "lbbsp-narx-mean": ("lbbsp", "narx", ("--variance-aware", "false")),
     # each worker's fixed cost fitted alone, not pooled with the others' (StepTimeModel(pool=False))
     "lbbsp-narx-unpooled": ("lbbsp", "narx", ("--no-pool-offsets",)),
+    # the previous release's candidates in hindsight: every one shrunk for noise (no "unshrunk")
+    "lbbsp-narx-shrunk": ("lbbsp", "narx", ("--candidates", "forecast,corrected,quantile")),
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),
@@ -42,7 +44,7 @@ VARIANTS = {
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
 LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "lbbsp-narx-mean",
-             "lbbsp-narx-unpooled",
+             "lbbsp-narx-unpooled", "lbbsp-narx-shrunk",
              "pid-exact", "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
              "lbbsp-narx-q8")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.

@@ -9,7 +9,8 @@ feedback: no exploration is needed, and the choice settles as fast as the
 scores separate.
 
 lbbsp uses it to choose between balancing the forecast means and
-balancing a high quantile (lbbsp.uncertainty, lbbsp.allocation.tail_speeds).
+balancing a high quantile (lbbsp.uncertainty, lbbsp.allocation.tail_speeds),
+and between shrinking small departures for noise or not.
 Which is faster depends on what the simulator and live runs cannot settle
 in advance: how many workers there are, how heavy the noise's tails are and
 how much of it the forecasts already carry. With a few workers, or little

@@ -296,13 +296,15 @@ class LBBSPPolicy(Policy):
     giving slack to the workers whose planned speeds have been furthest
     from the speeds they then ran at (lbbsp.uncertainty,
     lbbsp.allocation.tail_speeds): with many workers the largest error sets
-    the pace. With "auto" (the default), every step plans three
-    candidates, the forecasts as they are, corrected, and the quantile of
-    the corrected, scores each against the speeds then measured, and
-    takes the one that has lately been fastest by more than a margin
-    (lbbsp.hindsight); the forecasts as they are until the scores say
-    otherwise. False always balances the forecasts as they are. `model`
-    takes a StepTimeModel or a dict of its arguments.
+    the pace. With "auto" (the default), every step plans the
+    `candidates` (by default all of CANDIDATES: the forecasts as they
+    are, corrected, the quantile of the corrected, and the forecasts
+    without noise shrinkage, which wins where contention drifts by less
+    than the per-step noise), scores each against the speeds then
+    measured, and takes the one that has lately been fastest by more than
+    a margin (lbbsp.hindsight); the forecasts as they are until the scores
+    say otherwise. False always balances the forecasts as they are.
+    `model` takes a StepTimeModel or a dict of its arguments.
     """
 
     name = "lbbsp"
@@ -312,8 +314,9 @@ class LBBSPPolicy(Policy):
     REFINE_AFTER = 3
     _STATE = ("batches", "_speeds", "_shadows")
     _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
-    #: The candidates of variance_aware="auto", in the order lbbsp.hindsight scores them.
-    CANDIDATES = ("forecast", "corrected", "quantile")
+    #: The candidates variance_aware="auto" may score (lbbsp.hindsight): the forecasts, corrected by their
+    #: learnt bias, the quantile of the corrected, and the forecasts without the noise shrinkage.
+    CANDIDATES = ("forecast", "corrected", "quantile", "unshrunk")
 
     def state(self):
         return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state(),
@@ -326,12 +329,19 @@ class LBBSPPolicy(Policy):
         if "errors" not in state:
             raise ValueError("an lbbsp state without planning errors cannot be loaded (saved by an older version)")
         self.errors.load_state(state["errors"])
-        if "choice" in state:  # a state saved before the choice was scored starts it anew
+        # A state saved before the choice was scored, or when it chose among other candidates, starts it anew.
+        if len(state.get("choice", {}).get("scores", ())) == len(self.candidates):
             self.choice.load_state(state["choice"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
-                 shrink_noise=True):
+                 shrink_noise=True, candidates=CANDIDATES):
         self.rebalancer = Rebalancer(min_gain, min_step)
+        names = tuple(candidates) if isinstance(candidates, (list, tuple)) else ()
+        if not names or names[0] != "forecast" or len(set(names)) < len(names) or \
+                any(name not in self.CANDIDATES for name in names):
+            raise ValueError(f"candidates={candidates!r} is not allowed: give a list of distinct names from "
+                             f"{self.CANDIDATES}, \"forecast\" first")
+        self.candidates = names
         if not isinstance(shrink_noise, bool):
             raise ValueError(f"shrink_noise={shrink_noise!r} is not allowed: it must be True or False")
         self.shrink_noise = shrink_noise
@@ -341,7 +351,7 @@ class LBBSPPolicy(Policy):
         if not (isinstance(variance_aware, bool) or isinstance(variance_aware, str) and variance_aware == "auto"):
             raise ValueError(f"variance_aware={variance_aware!r} is not allowed: give True, False or 'auto'")
         self.variance_aware = variance_aware
-        self.choice = Hindsight(len(self.CANDIDATES))
+        self.choice = Hindsight(len(self.candidates))
         if model is None or isinstance(model, dict):
             model = StepTimeModel(**(model or {}))
         if not isinstance(model, StepTimeModel):
@@ -389,9 +399,10 @@ class LBBSPPolicy(Policy):
             self._bounds = (total, lower, upper, on_grid)
         _, lower, upper, (grid_lower, grid_upper) = self._bounds
         speeds = self.speeds(stats.forecast)
+        shrink = self.shrink_noise
         if self.variance_aware:
-            speeds = self._plan(speeds, stats.target, total, lower, upper)
-        if self.shrink_noise:
+            speeds, shrink = self._plan(speeds, stats.target, total, lower, upper)
+        if shrink:
             free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
         if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
@@ -405,13 +416,15 @@ class LBBSPPolicy(Policy):
         return self.resize(next_global_batch)
 
     def _plan(self, speeds, target, total, lower, upper):
-        """The speeds to split by when variance-aware: the quantile of the corrected forecasts (True), or the
-        candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered for `target`)."""
+        """(speeds, shrink): the speeds to split by when variance-aware, the quantile of the corrected forecasts
+        (True) or the candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered
+        for `target`), and whether the noise shrinkage applies to them (not to the "unshrunk" candidate)."""
         corrected = self.errors.plan(target, speeds)
         quantile = tail_speeds(corrected, self.errors.spread)
         if self.variance_aware is True:
-            return quantile
-        candidates = (speeds, corrected, quantile)
+            return quantile, self.shrink_noise
+        named = {"forecast": speeds, "corrected": corrected, "quantile": quantile, "unshrunk": speeds}
+        candidates = [named[name] for name in self.candidates]
         offsets = self.model.offsets
         shadows = self._shadows
         if shadows is None or shadows.shape != (len(candidates), self.num_workers):
@@ -419,12 +432,13 @@ class LBBSPPolicy(Policy):
         planned = np.stack(candidates)
         if self.shrink_noise:
             free = (shadows > lower) & (shadows < upper) & ~self.model.changed
+            free[np.array(self.candidates) == "unshrunk"] = False
             planned = shrink_to_current(planned, offsets, shadows, self.model.noise, free)
         # A new array: a saved state() keeps the one it was given.
         self._shadows = np.stack([continuous_split(offsets, p, total, lower, upper)[0] for p in planned])
         if target is not None:
             self.choice.propose(target, self._shadows)
-        return candidates[self.choice.best]
+        return candidates[self.choice.best], self.shrink_noise and self.candidates[self.choice.best] != "unshrunk"
 
     def _refine(self, speeds, total, lower, upper, at_floor):
         """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER

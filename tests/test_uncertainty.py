@@ -1,4 +1,6 @@
 """PlanningError: the per-worker spread of log(measured / planned speed) behind the variance-aware split."""
+import re
+
 import numpy as np
 import pytest
 
@@ -100,6 +102,21 @@ def test_an_lbbsp_state_from_before_planning_errors_is_refused_by_name():
     del state["errors"]
     with pytest.raises(ValueError, match="without planning errors"):
         fresh.load_state(state)
+
+
+def test_an_lbbsp_state_scored_among_other_candidates_starts_the_choice_anew():
+    saved = LBBSPPolicy(candidates=("forecast", "corrected", "quantile"))  # the previous release's three
+    saved.start(2, 64)
+    state = saved.state()
+    state["choice"]["scores"], state["choice"]["best"] = [0.0, -0.1, -0.2], 2
+    fresh = LBBSPPolicy()
+    fresh.start(2, 64)
+    fresh.load_state(state)
+    assert fresh.choice.best == 0 and fresh.choice.scores.tolist() == [0.0] * len(LBBSPPolicy.CANDIDATES)
+    same = LBBSPPolicy(candidates=("forecast", "corrected", "quantile"))
+    same.start(2, 64)
+    same.load_state(state)
+    assert same.choice.best == 2
 
 
 @pytest.mark.parametrize("kwargs, bad", [({"forgetting": 1.0}, "forgetting=1.0"), ({"max_error": 0}, "max_error=0"), ({"forgetting": True}, "forgetting=True")])
@@ -212,3 +229,38 @@ def test_auto_chooses_the_quantile_with_many_noisy_workers_and_leaves_it_when_it
     assert calmed.errors.spread[0] > 5 * calmed.errors.spread[1]
     assert LBBSPPolicy.CANDIDATES[calmed.choice.best] != "quantile", calmed.choice.scores
     assert calmed.choice.scores[2] > 0.02 and calmed.choice.scored > 250
+
+
+@pytest.mark.parametrize("value", [(), ("quantile", "forecast"), ("forecast", "forecast"), ("forecast", "median"),
+                                   "forecast", None])
+def test_bad_candidates_are_named(value):
+    with pytest.raises(ValueError, match=re.escape(f"candidates={value!r} is not allowed")):
+        LBBSPPolicy(candidates=value)
+
+
+def test_the_unshrunk_candidate_splits_as_a_policy_without_noise_shrinkage():
+    rng = np.random.default_rng(5)
+    n, total = 8, 8 * 64
+    chosen, plain, shrunk = LBBSPPolicy(), LBBSPPolicy(variance_aware=False, shrink_noise=False), \
+        LBBSPPolicy(variance_aware=False)
+    batches = [p.start(n, total) for p in (chosen, plain, shrunk)]
+    chosen.choice.margin = 0.999  # holds the choice where it is put
+    chosen.choice.best = chosen.candidates.index("unshrunk")
+    differ = 0
+    for step in range(60):
+        speeds = 1000.0 * (1.0 + np.arange(n) / 8.0) * np.exp(rng.normal(0.0, 0.05, n))
+        forecast = speeds * np.exp(rng.normal(0.0, 0.02, n))
+        batches = [p.after_step(StepStats(step=step, batches=b, compute=(16.0 + b) / speeds, wait=np.zeros(n),
+                                          forecast=forecast, target=step + 1), total)
+                   for p, b in zip((chosen, plain, shrunk), batches)]
+        assert batches[0].tolist() == batches[1].tolist(), step
+        differ += batches[0].tolist() != batches[2].tolist()
+    assert chosen.candidates[chosen.choice.best] == "unshrunk" and differ > 0, "the shrinkage did move other splits"
+
+
+def test_auto_keeps_the_noise_shrinkage_on_workers_that_differ_by_noise_only():
+    rng = np.random.default_rng(0)
+    still = LBBSPPolicy()
+    _run(still, lambda step: np.full(16, 0.05), 300, rng, 16 * 512)
+    unshrunk = still.candidates.index("unshrunk")
+    assert still.choice.best != unshrunk and still.choice.scores[unshrunk] > 0.005, still.choice.scores

@@ -81,8 +81,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     `lbbsp_model_share` (the share of this epoch's forecasts this worker's
     predictor made; the rest were its last measured speed) and, for
     lbbsp's default `variance_aware="auto"`, `lbbsp_choice` (the split it
-    takes now, an index into LBBSPPolicy.CANDIDATES: 0 the forecasts, 1
-    corrected, 2 their quantile) into the epoch logs.
+    takes now, an index into the policy's `candidates`, by default
+    LBBSPPolicy.CANDIDATES: 0 the forecasts, 1 corrected, 2 their quantile,
+    3 the forecasts without noise shrinkage) into the epoch logs.
     """
 
     def __init__(self, feed, policy="lbbsp", predictor="narx", warmup_steps=2, plan_ahead=1, sync_metrics=True,
