@@ -419,7 +419,7 @@ class LBBSPPolicy(Policy):
         """(speeds, shrink): the speeds to split by when variance-aware, the quantile of the corrected forecasts
         (True) or the candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered
         for `target`), and whether the noise shrinkage applies to them (not to the "unshrunk" candidate)."""
-        corrected = self.errors.plan(target, speeds)
+        corrected = self.errors.plan(target, speeds, jumped=self.model.changed)
         quantile = tail_speeds(corrected, self.errors.spread)
         if self.variance_aware is True:
             return quantile, self.shrink_noise

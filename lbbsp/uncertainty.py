@@ -28,8 +28,11 @@ planning error is therefore regressed, pooled over all workers, on the
 departure of the planned log speed from the worker's level (an
 exponential average of its measured log speeds): e = beta d + residual.
 `plan` corrects each worker's speed by exp(beta d) (beta is about -0.5 on
-the recorded traces, 0 where forecasts are already unbiased), and the
-spreads are those of the residuals, the errors left after that
+the recorded traces, 0 where forecasts are already unbiased), except for a
+worker whose speed the step-time model has just seen jump beyond its noise
+(a quota cut, a co-located job starting): that departure does not fall
+back, and correcting it would undo part of the move the jump asks for.
+The spreads are those of the residuals, the errors left after that
 correction. One coefficient for the cluster is learnt in a few steps,
 since every worker adds a pair at every step.
 
@@ -113,16 +116,20 @@ class PlanningError:
             return 0.0
         return float(np.clip(de / dd, *self.BIAS_RANGE))
 
-    def plan(self, step, speeds):
+    def plan(self, step, speeds, jumped=None):
         """The speeds to plan global step `step` with: `speeds` (forecasts) corrected by the learnt bias.
 
-        Remembered to be compared with the speeds measured at that step; `step` None remembers nothing.
+        Workers `jumped` (a boolean per worker: a change of speed the step-time model measured beyond its
+        noise) keep their forecast: the correction undoes part of a departure from the level because noise
+        falls back, and a measured jump does not. Remembered to be compared with the speeds measured at that
+        step; `step` None remembers nothing.
         """
         forecast = np.asarray(speeds, dtype=np.float64)
         with np.errstate(all="ignore"):
             departure = np.log(forecast) - self._level
         departure = np.where(np.isfinite(departure), departure, 0.0)
-        planned = forecast * np.exp(self.bias * departure)
+        corrected = departure if jumped is None else np.where(jumped, 0.0, departure)
+        planned = forecast * np.exp(self.bias * corrected)
         if step is not None:
             self._planned[int(step)] = np.stack([forecast, planned, departure])
         return planned

@@ -172,6 +172,15 @@ def test_the_bias_of_forecasts_that_overshoot_is_learnt_and_corrected():
     assert errors.bias == pytest.approx(-0.5, abs=0.1)
     assert np.std(corrected) < 0.9 * np.std(raw)
     assert errors.spread.mean() == pytest.approx(np.std(corrected), rel=0.15)
+    # A measured jump (a quota cut to a quarter) is not an overshoot: the jumped worker keeps its forecast,
+    # the others are corrected as before, and the pair is remembered with its true departure.
+    forecast = np.exp(last)
+    forecast[0] /= 4.0
+    jumped = np.arange(n) == 0
+    plain, kept = errors.plan(None, forecast), errors.plan(400, forecast, jumped=jumped)
+    assert kept[0] == forecast[0] and plain[0] > 1.5 * forecast[0]
+    np.testing.assert_array_equal(kept[1:], plain[1:])
+    assert errors.state()["_planned"][400][2][0] < -1.0
 
 
 def test_no_bias_is_applied_before_enough_pairs_nor_beyond_its_range():
