@@ -225,7 +225,6 @@ class StepTimeModel:
         self.identified |= fit
 
 
-
 def _pool(estimates, errors):
     """(pooled mean, each estimate shrunk towards it) for estimates with standard errors: the precision-weighted
     mean, and each estimate pulled towards it by lbbsp.pooling."""

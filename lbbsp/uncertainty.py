@@ -16,9 +16,9 @@ towards the cluster's (empirical Bayes): by how much follows from how far
 the workers' estimates differ beyond what their own sampling error
 explains (lbbsp.pooling). Workers alike in truth then share one spread, so
 sampling noise (a straggler step that happened to fall in one worker's
-window) does not move batches; workers that really differ keep their own. A newcomer, or a
-worker with no error yet, gets the cluster's. Every rank feeds the same
-gathered numbers, so all hold the same spreads.
+window) does not move batches; workers that really differ keep their own.
+A newcomer, or a worker with no error yet, gets the cluster's. Every rank
+feeds the same gathered numbers, so all hold the same spreads.
 
 The errors also say which way a forecast errs. Speeds vary around a
 level that moves slowly (contention comes and goes), and a worker's step
