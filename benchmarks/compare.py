@@ -110,14 +110,13 @@ def _fmt(value, spec, scale=1.0):
 def ideal_rows(scenario, curves, results, steps_per_epoch, epochs, measured=()):
     """Reachable ideal (on the mean curves, and under the noise of the `measured` steps where there are
     enough) and hindsight-best static split from the measured curves, as epoch times."""
-    book = CurveBook(scenario, curves)
+    book = CurveBook(scenario, curves, measured)
     allreduce = [np.median([np.min(r["breakdown"]["allreduce"]) for r in runs if r.get("breakdown")])
                  for label, runs in results.items() if label != BASE and any(r.get("breakdown") for r in runs)]
     comm = 1e-3 * float(np.min(allreduce)) if allreduce else 0.0
     steps = range(steps_per_epoch, steps_per_epoch * epochs)  # the measured epochs
     reach = float(np.mean([book.reachable_step(s, scenario.global_batch) for s in steps]))
     rows = {"reachable ideal": steps_per_epoch * (reach + comm)}
-    book.measure_noise(measured)
     try:
         noisy = float(np.mean([book.noisy_reachable_step(s, scenario.global_batch) for s in steps]))
         rows["reachable ideal, measured noise"] = steps_per_epoch * (noisy + comm)

@@ -86,21 +86,19 @@ def load_curves(path):
 class CurveBook:
     """Each worker's (k, v) at every step of a scenario: k = c / u fixed cost in samples, v = 1 / u."""
 
-    def __init__(self, scenario, curves):
+    def __init__(self, scenario, curves, measured=()):
+        """`measured`: the steps whose deviations from the curves `noisy_reachable_step` plans for, each a list,
+        by worker, of ((speed, hog), batch, compute)."""
         missing = [(w, s) for w in range(scenario.workers) for s in scenario.states(w)
                    if (w, _key(*s)) not in curves]
         if missing:
             raise ValueError(f"no measured curve for (worker, state) {missing}: run the other variants first")
         self.scenario, self.curves = scenario, curves
-        self._noise, self._noisy = {}, {}
+        self._noise, self._noisy = self._deviations(measured), {}
 
-    def measure_noise(self, steps):
-        """Take the deviations of measured steps: each step a list, by worker, of ((speed, hog), batch, compute).
-
-        A step's deviations are compute / (c + u * batch) under each worker's
-        curve for its state; steps that lack a worker, a curve or a positive
-        finite compute are left out.
-        """
+    def _deviations(self, steps):
+        """{workers' states: one row per measured step of compute / (c + u * batch) under each worker's curve};
+        steps that lack a worker, a curve or a positive finite compute are left out."""
         grouped = {}
         for step in steps:
             if len(step) != self.scenario.workers:
@@ -113,8 +111,7 @@ class CurveBook:
             ratio = compute / (cu[:, 0] + cu[:, 1] * batch)
             if np.all(np.isfinite(ratio) & (ratio > 0)):
                 grouped.setdefault(states, []).append(ratio)
-        self._noise = {states: np.array(rows) for states, rows in grouped.items()}
-        self._noisy = {}
+        return {states: np.array(rows) for states, rows in grouped.items()}
 
     def at(self, step):
         """(offsets k, speeds v) of every worker at global step `step`."""
@@ -129,7 +126,7 @@ class CurveBook:
 
     def noisy_reachable_step(self, step, global_batch, b_min=1):
         """The mean compute time of the split that minimises the expected slowest finish at `step`, under the
-        deviations `measure_noise` took for the workers' states there (at least MIN_NOISE_STEPS of them)."""
+        deviations of the `measured` steps in the workers' states there (at least MIN_NOISE_STEPS of them)."""
         states = tuple(_key(*self.scenario.state(w, step)) for w in range(self.scenario.workers))
         noise = self._noise.get(states)
         if noise is None or len(noise) < MIN_NOISE_STEPS:

@@ -120,15 +120,14 @@ def test_reachable_ideal_under_the_measured_noise():
     s = Scenario({"name": "x", "workers": 2, "workload": "conv", "global_batch": 64, "epochs": 2, "scale": 1.0,
                   "speeds": [1, 0.5]})
     curves = {(0, "1|0"): (0.01, 0.001), (1, "0.5|0"): (0.01, 0.002)}
-    book = CurveBook(s, curves)
     quiet = [[((1.0, False), 32.0, 0.01 + 0.032), ((0.5, False), 32.0, 0.01 + 0.064)]] * MIN_NOISE_STEPS
-    book.measure_noise(quiet)
+    book = CurveBook(s, curves, quiet)
     assert book.noisy_reachable_step(3, 64) == pytest.approx(book.reachable_step(3, 64))
     # Worker 1's steps scatter by +-50% around its curve (mean one): the expected slowest finish is later,
     # and the split that minimises it gives worker 1 less than the mean curves do.
     rng = np.random.default_rng(0)
     noisy = [[((1.0, False), 20.0, 0.03), ((0.5, False), 44.0, 0.098 * f)] for f in rng.choice([0.5, 1.5], 400)]
-    book.measure_noise(noisy)
+    book = CurveBook(s, curves, noisy)
     k, v = book.at(3)
 
     def finish(b, f):
@@ -139,7 +138,7 @@ def test_reachable_ideal_under_the_measured_noise():
     assert best < plain
     assert book.noisy_reachable_step(3, 64) == pytest.approx((finish(best, 0.5) + finish(best, 1.5)) / 2, rel=0.02)
     assert book.noisy_reachable_step(3, 64) > book.reachable_step(3, 64)
-    book.measure_noise(noisy[:MIN_NOISE_STEPS - 1] + [noisy[0][:1]])  # too few, and one step lacks a worker
+    book = CurveBook(s, curves, noisy[:MIN_NOISE_STEPS - 1] + [noisy[0][:1]])  # too few; one step lacks a worker
     with pytest.raises(ValueError, match=f"{MIN_NOISE_STEPS - 1} measured steps"):
         book.noisy_reachable_step(3, 64)
 
