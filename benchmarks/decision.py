@@ -7,7 +7,8 @@ Every rank runs BalanceController.decide once per step on the gathered rows
 synthetic rows (heterogeneous speeds with 10% log-normal noise per step and
 a fixed cost of 16 samples), so the figure is the decision's own cost, not
 that of forecasters or training sharing the core. Prints the median and
-p99 per policy and cluster size, after `--skip` warm-up decisions.
+p99 per policy and cluster size over the decisions of every seed (each a
+run of its own), after `--skip` warm-up decisions per run.
 """
 import argparse
 import sys
@@ -54,8 +55,10 @@ def main(argv=None):
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {list(POLICIES)}")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--skip", type=int, default=100)
+    parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds of the synthetic speeds")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.workers.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
     names = [p.strip() for p in args.policies.split(",")]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or any(s < 1 for s in sizes) or not 0 <= args.skip < args.steps - 10:
@@ -64,7 +67,8 @@ def main(argv=None):
     print(f"{'workers':>8} {'policy':<10} {'median ms':>10} {'p99 ms':>8}")
     for n in sizes:
         for name in names:
-            t = 1e3 * decision_times(POLICIES[name](), n, args.steps, args.skip)
+            runs = [decision_times(POLICIES[name](), n, args.steps, args.skip, seed) for seed in seeds]
+            t = 1e3 * np.concatenate(runs)
             print(f"{n:>8} {name:<10} {np.median(t):>10.3f} {np.percentile(t, 99):>8.3f}", flush=True)
     return 0
 

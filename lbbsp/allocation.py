@@ -133,12 +133,23 @@ def continuous_split(offsets, speeds, total, lower, upper):
     """Real b with sum(b) = total, lower <= b <= upper, minimising max_i (k_i + b_i) / v_i.
 
     Returns (b, T) with T the common finish time of the unclipped workers.
+    `speeds` may hold several rows, each split on its own (b and T then
+    have a row each): the candidates of one decision in one call.
     """
     k, v = offsets, speeds
-    T = (total + k.sum()) / v.sum()
+    T = (total + k.sum()) / v.sum(axis=-1, keepdims=True)
     b = v * T - k
-    if np.all(b >= lower) and np.all(b <= upper):
-        return b, T
+    inside = ((b >= lower) & (b <= upper)).all(axis=-1)
+    if v.ndim == 1:
+        return (b, float(T[0])) if inside else _clipped_split(k, v, total, lower, upper)
+    T = T[:, 0]
+    for row in np.flatnonzero(~inside):
+        b[row], T[row] = _clipped_split(k, v[row], total, lower, upper)
+    return b, T
+
+
+def _clipped_split(k, v, total, lower, upper):
+    """`continuous_split` of one row where some worker is held at a bound."""
     # f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) is piecewise linear and non-decreasing;
     # find T with f(T) = total among the breakpoints where a worker leaves or reaches a bound.
     cand, f = _filled_at_breakpoints((lower + k) / v, (upper + k) / v, v, float(lower.sum()))
@@ -270,7 +281,8 @@ def tail_speeds(speeds, spread, z=None):
     the split is the mean-balanced one.
     """
     v = np.asarray(speeds, dtype=np.float64)
-    s = np.nan_to_num(np.asarray(spread, dtype=np.float64), nan=0.0, posinf=0.0).clip(0.0, 2.0)
+    s = np.asarray(spread, dtype=np.float64)
+    s = np.where(np.isfinite(s), s, 0.0).clip(0.0, 2.0)
     if z is None:
         z = np.sqrt(2.0 * np.log(max(v.size, 2)))
     return v * np.exp(-z * s)
@@ -299,20 +311,19 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     v = np.asarray(speeds, dtype=np.float64)
     free = np.broadcast_to(np.asarray(free, dtype=bool), v.shape)
     count = np.count_nonzero(free, axis=-1)[..., None]
-    if np.all(count < 2):
+    if (count < 2).all():
         return v.copy()
-
-    def free_mean(x):
-        return np.where(free, x, 0.0).sum(axis=-1, keepdims=True) / np.maximum(count, 1)
-
-    balanced = np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
-    departure = np.log(v) - balanced
-    departure -= free_mean(departure)
-    noise2 = np.square(np.nan_to_num(np.asarray(noise, dtype=np.float64), nan=0.0, posinf=0.0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        keep = np.where(departure * departure > noise2, 1.0 - noise2 / (departure * departure), 0.0)
+    n = np.maximum(count, 1)
+    log_v = np.log(v)
+    departure = log_v - np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
+    departure -= np.where(free, departure, 0.0).sum(axis=-1, keepdims=True) / n  # the free workers' mean
+    noise = np.asarray(noise, dtype=np.float64)
+    noise2 = np.square(np.where(np.isfinite(noise), noise, 0.0))
+    square = departure * departure
+    keep = 1.0 - np.divide(noise2, square, out=np.ones_like(square), where=square > noise2)
     pull = (1.0 - keep) * departure
-    return np.where(free & (count >= 2), np.exp(np.log(v) - pull + free_mean(pull)), v)
+    level = np.where(free, pull, 0.0).sum(axis=-1, keepdims=True) / n  # the free workers' mean is kept
+    return np.where(free & (count >= 2), np.exp(log_v - pull + level), v)
 
 
 def _finish(batches, speeds, offsets):

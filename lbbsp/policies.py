@@ -342,6 +342,7 @@ class LBBSPPolicy(Policy):
             raise ValueError(f"candidates={candidates!r} is not allowed: give a list of distinct names from "
                              f"{self.CANDIDATES}, \"forecast\" first")
         self.candidates = names
+        self._unshrunk = np.array([name == "unshrunk" for name in names])
         if not isinstance(shrink_noise, bool):
             raise ValueError(f"shrink_noise={shrink_noise!r} is not allowed: it must be True or False")
         self.shrink_noise = shrink_noise
@@ -432,10 +433,10 @@ class LBBSPPolicy(Policy):
         planned = np.stack(candidates)
         if self.shrink_noise:
             free = (shadows > lower) & (shadows < upper) & ~self.model.changed
-            free[np.array(self.candidates) == "unshrunk"] = False
+            free[self._unshrunk] = False
             planned = shrink_to_current(planned, offsets, shadows, self.model.noise, free)
         # A new array: a saved state() keeps the one it was given.
-        self._shadows = np.stack([continuous_split(offsets, p, total, lower, upper)[0] for p in planned])
+        self._shadows = continuous_split(offsets, planned, total, lower, upper)[0]
         if target is not None:
             self.choice.propose(target, self._shadows)
         return candidates[self.choice.best], self.shrink_noise and self.candidates[self.choice.best] != "unshrunk"

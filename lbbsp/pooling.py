@@ -21,6 +21,6 @@ def shrink_towards(center, estimates, variances):
     """Each of `estimates` (with sampling `variances`) pulled towards `center` as the module says; an
     estimate whose variance and tau^2 are both 0 takes the centre."""
     tau2 = max(float(np.var(estimates)) - float(np.mean(variances)), 0.0)
-    with np.errstate(all="ignore"):
-        keep = np.where(tau2 + variances > 0, tau2 / (tau2 + variances), 0.0)
+    total = tau2 + variances
+    keep = np.divide(tau2, total, out=np.zeros_like(total), where=total > 0)
     return center + keep * (estimates - center)

@@ -188,14 +188,18 @@ class StepTimeModel:
         known = ok & np.isfinite(resid)
         self.changed = known & (np.abs(resid) > self.threshold)
         steady = known & ~self.changed
-        self._resid[steady] = 0.8 * self._resid[steady] + 0.2 * resid[steady] ** 2
+        self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
         b0, t0 = self._last
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
         zz = z * z
-        s = self._sums
-        s *= np.where(pair, self.forgetting, 1.0)
-        s += np.where(pair, np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
+        terms = np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x])
+        if pair.all():  # the usual step: every worker adds a pair
+            self._sums *= self.forgetting
+            self._sums += terms
+        else:
+            self._sums *= np.where(pair, self.forgetting, 1.0)
+            self._sums += np.where(pair, terms, 0.0)
         self._last = np.where(ok, np.stack([b, t]), self._last)
         self._fit()
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],

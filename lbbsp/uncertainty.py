@@ -166,14 +166,12 @@ class PlanningError:
         seen = weight > 0
         if not seen.any():
             return np.zeros(weight.size)
-        with np.errstate(all="ignore"):
-            mean = np.where(seen, s2 / weight, np.nan)  # each worker's mean square
-        pooled = float(np.mean(mean[seen]))
-        with np.errstate(all="ignore"):
-            # Sampling variance of that mean: the variance of e^2 (at least a normal error's, 2 pooled^2, so
-            # that a worker with one or two errors is not taken as exact) over the effective count.
-            spread_of_square = np.maximum(s4 / weight - mean ** 2, 2.0 * pooled ** 2)
-            sampling = np.where(seen, spread_of_square * weight2 / weight ** 2, np.inf)
-        shrunk = np.full(weight.size, pooled)
-        shrunk[seen] = shrink_towards(pooled, mean[seen], sampling[seen])
+        weight, weight2, s2, s4 = weight[seen], weight2[seen], s2[seen], s4[seen]
+        mean = s2 / weight  # each worker's mean square
+        pooled = float(np.mean(mean))
+        # Sampling variance of that mean: the variance of e^2 (at least a normal error's, 2 pooled^2, so that a
+        # worker with one or two errors is not taken as exact) over the effective count.
+        sampling = np.maximum(s4 / weight - mean ** 2, 2.0 * pooled ** 2) * weight2 / weight ** 2
+        shrunk = np.full(seen.size, pooled)
+        shrunk[seen] = shrink_towards(pooled, mean, sampling)
         return np.sqrt(shrunk)

@@ -68,6 +68,20 @@ def test_continuous_split_is_feasible_and_not_worse_than_the_integers(problem):
         * (1 + 1e-6)
 
 
+@given(problems(), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_several_continuous_splits_at_once_split_each_row_as_alone(problem, seed):
+    v, k, global_batch, b_min, b_max = problem
+    kk = np.zeros_like(v) if k is None else k
+    lower, upper = np.full(v.size, b_min), np.full(v.size, global_batch) if b_max is None else b_max
+    # Rows far apart in speed, so that some are held at a bound and others not.
+    rows = v * np.exp(np.random.default_rng(seed).normal(0.0, 2.0, (4, v.size)))
+    together, times = continuous_split(kk, rows, global_batch, lower, upper)
+    for row, b, t in zip(rows, together, times):
+        alone, t_alone = continuous_split(kk, row, global_batch, lower, upper)
+        assert b.tobytes() == alone.tobytes() and t == t_alone
+
+
 @given(problems())
 @settings(max_examples=300, deadline=None)
 def test_monotone_in_speed_with_common_bounds_and_offsets(problem):
