@@ -57,8 +57,11 @@ def main(argv=None):
     parser.add_argument("--skip", type=int, default=100)
     parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds of the synthetic speeds")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.workers.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        sizes = [int(s) for s in args.workers.split(",")]
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--workers={args.workers!r} and --seeds={args.seeds!r} must be comma-separated integers")
     names = [p.strip() for p in args.policies.split(",")]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or any(s < 1 for s in sizes) or not 0 <= args.skip < args.steps - 10:

@@ -313,17 +313,19 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     count = np.count_nonzero(free, axis=-1)[..., None]
     if (count < 2).all():
         return v.copy()
-    n = np.maximum(count, 1)
+
+    def free_mean(x):
+        return np.where(free, x, 0.0).sum(axis=-1, keepdims=True) / np.maximum(count, 1)
+
     log_v = np.log(v)
     departure = log_v - np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
-    departure -= np.where(free, departure, 0.0).sum(axis=-1, keepdims=True) / n  # the free workers' mean
+    departure -= free_mean(departure)
     noise = np.asarray(noise, dtype=np.float64)
     noise2 = np.square(np.where(np.isfinite(noise), noise, 0.0))
     square = departure * departure
     keep = 1.0 - np.divide(noise2, square, out=np.ones_like(square), where=square > noise2)
     pull = (1.0 - keep) * departure
-    level = np.where(free, pull, 0.0).sum(axis=-1, keepdims=True) / n  # the free workers' mean is kept
-    return np.where(free & (count >= 2), np.exp(log_v - pull + level), v)
+    return np.where(free & (count >= 2), np.exp(log_v - pull + free_mean(pull)), v)
 
 
 def _finish(batches, speeds, offsets):

@@ -439,7 +439,7 @@ class LBBSPPolicy(Policy):
         self._shadows = continuous_split(offsets, planned, total, lower, upper)[0]
         if target is not None:
             self.choice.propose(target, self._shadows)
-        return candidates[self.choice.best], self.shrink_noise and self.candidates[self.choice.best] != "unshrunk"
+        return candidates[self.choice.best], self.shrink_noise and not self._unshrunk[self.choice.best]
 
     def _refine(self, speeds, total, lower, upper, at_floor):
         """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER

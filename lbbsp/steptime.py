@@ -193,13 +193,9 @@ class StepTimeModel:
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
         zz = z * z
-        terms = np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x])
-        if pair.all():  # the usual step: every worker adds a pair
-            self._sums *= self.forgetting
-            self._sums += terms
-        else:
-            self._sums *= np.where(pair, self.forgetting, 1.0)
-            self._sums += np.where(pair, terms, 0.0)
+        s = self._sums
+        s *= np.where(pair, self.forgetting, 1.0)
+        s += np.where(pair, np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
         self._last = np.where(ok, np.stack([b, t]), self._last)
         self._fit()
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
