@@ -1,11 +1,13 @@
 """Property tests of the allocator: optimal against brute force, sum, bounds, determinism, bad input."""
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbbsp import allocation
 from lbbsp.allocation import (Rebalancer, allocate, continuous_split, default_multiple, finer_grid, predicted_time,
                               sanitize, shrink_to_current)
 
@@ -80,6 +82,31 @@ def test_several_continuous_splits_at_once_split_each_row_as_alone(problem, seed
     for row, b, t in zip(rows, together, times):
         alone, t_alone = continuous_split(kk, row, global_batch, lower, upper)
         assert b.tobytes() == alone.tobytes() and t == t_alone
+
+
+@given(problems(), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=300, deadline=None)
+def test_newton_split_agrees_with_the_sorted_breakpoints(problem, seed):
+    """The clipped split by Newton steps (the fast path) and by sorting the breakpoints (its fallback)."""
+    v, k, global_batch, b_min, b_max = problem
+    kk = np.zeros_like(v) if k is None else k
+    lower, upper = np.full(v.size, b_min), np.full(v.size, global_batch) if b_max is None else b_max
+    rows = v * np.exp(np.random.default_rng(seed).normal(0.0, 2.0, (4, v.size)))
+    fast, _ = continuous_split(kk, rows, global_batch, lower, upper)
+    with mock.patch.object(allocation, "_NEWTON_STEPS", 0):
+        sorted_, _ = continuous_split(kk, rows, global_batch, lower, upper)
+    for row, a, b in zip(rows, fast, sorted_):
+        assert predicted_time(a, row, kk) == pytest.approx(predicted_time(b, row, kk), rel=1e-9)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * global_batch)
+
+
+def test_split_sorts_the_breakpoints_when_newton_runs_out_of_steps():
+    """Newton may cycle where workers sit at both bounds; after `_NEWTON_STEPS` the sorted breakpoints decide."""
+    with mock.patch.object(allocation, "_filled_at_breakpoints", wraps=allocation._filled_at_breakpoints) as spy, \
+            mock.patch.object(allocation, "_NEWTON_STEPS", 1):
+        x, _ = continuous_split(np.zeros(3), np.array([1.0, 10.0, 100.0]), 30, np.full(3, 5), np.full(3, 12))
+    assert spy.called
+    np.testing.assert_allclose(x, [6.0, 12.0, 12.0])
 
 
 @given(problems())
