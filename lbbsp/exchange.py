@@ -10,7 +10,10 @@ N x len(FIELDS) matrix of zeros, so the sum holds every rank's row). Fields:
 - ``compute``: seconds this worker was busy in this step before it could join
   the allreduce: from the end of the previous allreduce to the moment its
   gradients were ready, plus the plugin's work that followed that moment in
-  the previous step (the forecast, lbbsp.keras.optimizer).
+  the previous step (the forecast, lbbsp.keras.optimizer);
+- ``split``: a digest of the split this worker ran in this step
+  (lbbsp.consistency.digest): the ranks compare them, since every rank
+  must run the same split.
 
 Everything else a decision needs (the batch sizes) is already known to every
 rank, so nothing else travels.
@@ -20,7 +23,7 @@ import numpy as np
 __all__ = ["FIELDS", "Row", "empty", "pack_local"]
 
 #: Every column, in order.
-FIELDS = ("forecast", "wait", "compute")
+FIELDS = ("forecast", "wait", "compute", "split")
 _INDEX = {name: i for i, name in enumerate(FIELDS)}
 
 

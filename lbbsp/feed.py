@@ -177,8 +177,7 @@ class BatchFeed:
     def _index(self, key):
         return self.epoch_schedule.index(*key)
 
-    def plan(self, epoch, step, batches):
-        """Plan step `step` of `epoch` under per-worker sizes `batches` (steps are planned in order)."""
+    def _checked(self, epoch, step, batches):
         batches = np.asarray(batches, dtype=np.int64)
         total = int(self.epoch_schedule.of(epoch)[step])
         if batches.shape != (self.size,) or int(batches.sum()) != total:
@@ -186,11 +185,28 @@ class BatchFeed:
                 f"batches={batches.tolist()} is not allowed at step {step}: it needs {self.size} sizes "
                 f"summing to {total}"
             )
+        return batches
+
+    def plan(self, epoch, step, batches):
+        """Plan step `step` of `epoch` under per-worker sizes `batches` (steps are planned in order)."""
+        batches = self._checked(epoch, step, batches)
         key = (int(epoch), int(step))
         with self._cond:
             if key not in self._plans and key not in self._served:
                 self._plans[key] = batches
                 self._cond.notify_all()
+
+    def replan(self, epoch, step, batches):
+        """Replace the plan of a step not read yet (the ranks had planned it differently); False once it was read."""
+        key = (int(epoch), int(step))
+        with self._cond:
+            if key in self._served:
+                return False
+            if key in self._plans:  # in place: the reader takes the steps in the order they were planned
+                self._plans[key] = self._checked(epoch, step, batches)
+                return True
+        self.plan(epoch, step, batches)
+        return True
 
     def start_step(self, epoch, step):
         """The step that trains now: the reader may be at most `prefetch` steps ahead of it."""

@@ -141,7 +141,7 @@ def test_controller_rejoin_keeps_the_decision_state_of_workers_that_stay():
     controller.start(2, [64] * 5)
     for step in range(6):
         sizes = controller.batch_sizes
-        gathered = np.zeros((2, 3))  # lbbsp.exchange.FIELDS: forecast, wait, compute
+        gathered = np.zeros((2, 3))  # the fields the controller reads: forecast, wait, compute
         gathered[:, 2] = (1.0 + sizes) / np.array([3.0, 1.0])
         gathered[:, 0] = np.nan
         controller.decide(0, step % 5, gathered, sizes)

@@ -103,6 +103,39 @@ def test_slowed_worker_gets_smaller_batch_and_epoch_is_faster(tmp_path):
     assert fast["lbbsp"]["epoch_time"] < fast["equal"]["epoch_time"]
 
 
+def _steps_where_the_ranks_split_differently(ranks):
+    steps = len(ranks[0]["splits"])
+    assert all(len(r["splits"]) == steps for r in ranks)
+    return [t for t in range(steps) if any(r["splits"][t] != ranks[0]["splits"][t] for r in ranks)]
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_ranks_that_decide_differently_resync_at_the_step_they_part(tmp_path, num_proc):
+    out = tmp_path / "result.json"
+    horovodrun(num_proc, "diverge.py", out, "inject")
+    ranks = json.loads(out.read_text())["ranks"]
+    differ = _steps_where_the_ranks_split_differently(ranks)
+    # Two injected decisions, each found at the step that ran it and mended from the next step on.
+    assert len(differ) == 2, differ
+    assert all(r["resynced"] == differ for r in ranks), [r["resynced"] for r in ranks]
+    assert all(r["resyncs"][-1] == 2 for r in ranks)
+    assert not any(r["build_warning"] for r in ranks)
+
+
+def test_ranks_whose_numpy_rounds_differently_are_warned_and_kept_together(tmp_path):
+    out = tmp_path / "result.json"
+    horovodrun(2, "diverge.py", out, "cpu")
+    ranks = json.loads(out.read_text())["ranks"]
+    differ = _steps_where_the_ranks_split_differently(ranks)
+    print(f"steps with different splits: {differ}; resyncs {ranks[0]['resynced']}")
+    # Where this machine has AVX-512, rank 1's numpy runs other kernels: the start-up check says so, and every
+    # step the ranks split differently is one they then resynchronise at (none, on a machine without AVX-512).
+    assert ranks[0]["build_warning"] == ranks[1]["build_warning"]
+    assert all(r["resynced"] == differ for r in ranks), [r["resynced"] for r in ranks]
+    if not ranks[0]["build_warning"]:
+        assert differ == []
+
+
 @pytest.mark.parametrize("num_proc", [2, 3])
 def test_a_rank_that_raises_mid_step_ends_the_job_with_its_error(num_proc):
     import time

@@ -133,3 +133,18 @@ def test_a_reader_waiting_for_a_plan_gets_it_from_another_thread():
     timer.start()
     assert feed.next_indices(timeout=5)[2].tolist() == [0, 1, 2, 3]
     timer.join()
+
+
+def test_replan_replaces_a_step_not_read_yet_in_its_place_and_refuses_one_read():
+    feed = BatchFeed(np.arange(30), global_batch=6, shuffle=False, size=2, prefetch=2)
+    for step in range(3):
+        feed.plan(0, step, [3, 3])
+    feed.start_step(0, 0)
+    assert feed.next_indices()[2].tolist() == [0, 1, 2]
+    assert not feed.replan(0, 0, [1, 5])  # read already
+    assert feed.replan(0, 1, [2, 4]) and feed.replan(0, 3, [5, 1])  # planned and not yet planned
+    with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
+        feed.replan(0, 2, [2, 2])
+    assert [feed.next_indices()[2].tolist() for _ in range(2)] == [[6, 7], [12, 13, 14]]  # steps 1, 2 in order
+    feed.start_step(0, 1)
+    assert feed.next_indices()[2].tolist() == [18, 19, 20, 21, 22]

@@ -8,9 +8,12 @@ import socket
 import time
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
+from ..consistency import build_mismatch, digest, digests_agree, numpy_build
 from ..controller import BalanceController
+from ..exchange import Row
 from ..forecasting import FORECAST_BUDGET, Background, Forecaster, check_budget
 from ..history import FIELDS, StepLog
 from ..policies import LBBSPPolicy
@@ -77,7 +80,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     `lbbsp_overhead_ms` (plugin time on the step's critical path; on a
     worker under a CPU quota it holds whatever quota stall lands in it),
     `lbbsp_overhead_cpu_ms` (the CPU time of that work: what the plugin costs),
-    `lbbsp_background_ms` (the decision, off it) and, with a predictor,
+    `lbbsp_background_ms` (the decision, off it), `lbbsp_resyncs` (how
+    often in this fit the ranks found they had run different splits and took
+    rank 0's decision state, lbbsp.consistency) and, with a predictor,
     `lbbsp_model_share` (the share of this epoch's forecasts this worker's
     predictor made; the rest were its last measured speed) and, for
     lbbsp's default `variance_aware="auto"`, `lbbsp_choice` (the split it
@@ -114,6 +119,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.elastic = None  # set by lbbsp.keras.elastic.ElasticState
         self._prepared = False
         self._decisions = collections.deque()
+        self._digest = math.nan
+        self.resynced = []  # the run's step indices at which the ranks took rank 0's decision state
 
     @property
     def history(self):
@@ -164,8 +171,15 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}"
             )
         self.feed.bind(self.rank, self.size)
+        self._check_builds()
         self._begin_run()
         self.resumed = self._restore() if self.state_path else False
+
+    def _check_builds(self):
+        """Warn when the ranks' numpy may round differently (lbbsp.consistency): their splits would part ways."""
+        problem = build_mismatch(hvd.allgather_object(numpy_build(), name="lbbsp_numpy"))
+        if problem:
+            log.warning("lbbsp: %s", problem)
 
     def _grid(self):
         """The feed's batch grid and the finest the policy may refine it to (the same where batch_multiple is given)."""
@@ -196,6 +210,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._epoch = epoch
         self._train_metrics = {}
         self._counts_before = self._forecast_counts()
+        self.resynced, self._unchecked_until = [], -1
 
     def _abandon(self):
         """Let decisions queued by an interrupted fit finish; their results are of no use any more."""
@@ -221,6 +236,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.rank, self.size = hvd.rank(), hvd.size()
         self._state.rebind(self.rank, self.size)
         workers = hvd.allgather_object(worker_identity(), name="lbbsp_workers")
+        self._check_builds()
         snapshot = elastic.lbbsp or {}
         epoch, position = int(elastic.epoch), int(snapshot.get("position", 0))
         self.feed.bind(self.rank, self.size, resume=(epoch, position) if position else None,
@@ -325,7 +341,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             share = self._telemetry.cpu_share if self._telemetry is not None else 1.0
             forecast = self.forecaster.update(int(self._sizes[self.rank]), compute, offset, features, share, reading)
         self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
-        return {"forecast": forecast}
+        return {"forecast": forecast, "split": self._digest}
 
     def _forecast_counts(self):
         return (self.forecaster.model_steps, self.forecaster.last_value_steps) if self.forecaster else (0, 0)
@@ -358,6 +374,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             for planned in sorted(k for k in self._plans if k >= key):  # the steps known before any decision
                 self.feed.plan(*planned, self._plans[planned])
         self._sizes = self._plans.pop(key)
+        self._digest = digest(self._sizes)
         for old in [k for k in self._plans if k < key]:
             del self._plans[old]
         self.feed.start_step(self._epoch, step)
@@ -397,6 +414,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             row.update(zip(self.steps.columns[len(FIELDS):], (float(v) for v in features)))
         row["overhead"] = self._overhead + local_cost + time.perf_counter() - started
         row["overhead_cpu"] = self._overhead_cpu + local_cpu + time.thread_time() - cpu
+        index = self.feed.epoch_schedule.index(self._epoch, step)
+        if index > self._unchecked_until and not digests_agree(Row(state.gathered).split):
+            self._resync(index)
         self._decisions.append(self._worker.submit(self._decide, self._epoch, step, state.gathered.copy(),
                                                    self._sizes, row))
         if self.controller.plan_ahead == 0:
@@ -407,6 +427,31 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             self._save(self._epoch, step)
         if logs is not None:
             logs.update(zip(STEP_KEYS, (local, row["speed"], forecast, 1e3 * compute, 1e3 * wait)))
+
+    def _resync(self, index):
+        """The ranks ran different splits in this step (every rank sees it in the same gathered rows): all take
+        rank 0's decision state, its plans of the coming steps and its split of this step (which the decision
+        from this step's rows reads), so that the next decisions agree again.
+
+        A step the input pipeline has already read keeps this rank's own plan, so the steps up to `prefetch`
+        ahead are not compared again.
+        """
+        self._drain()
+        shared = hvd.broadcast_object({"controller": self.controller.state(), "plans": dict(self._plans),
+                                       "sizes": self._sizes} if self.rank == 0 else None,
+                                      root_rank=0, name="lbbsp_resync")
+        self.controller.load_state(shared["controller"])
+        self._sizes = np.asarray(shared["sizes"], dtype=np.int64)  # what the coming decision reads this step as
+        kept = 0
+        for key, sizes in shared["plans"].items():
+            self._plans[key] = np.asarray(sizes, dtype=np.int64)
+            kept += not self.feed.replan(*key, sizes)
+        self.resynced.append(index)
+        self._unchecked_until = index + self.feed.prefetch
+        log.warning("lbbsp: the ranks ran different splits at step %d of the run (resync %d); all continue from "
+                    "rank 0's decision state%s. Different numpy builds or CPU instruction sets round differently: "
+                    "see the warning at the start of training", index, len(self.resynced),
+                    f" ({kept} step(s) already read keep this rank's plan)" if kept else "")
 
     def _decide(self, epoch, step, gathered, sizes, row):
         """Background thread: the decision from this step's gathered rows, and this step's record."""
@@ -433,6 +478,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if self.sync_metrics and any(key.startswith("val_") for key in logs):
             logs.update(global_metric_results(self.model, prefix="val_"))
         logs.update(self.steps.epoch_summary())
+        logs["lbbsp_resyncs"] = len(self.resynced)
         model, last = (now - before for now, before in zip(self._forecast_counts(), self._counts_before))
         if model + last:
             logs["lbbsp_model_share"] = model / (model + last)
