@@ -157,7 +157,7 @@ def _clipped_split(k, v, total, lower, upper, T):
     # f(T) = sum_i clip(v_i T - k_i, lower_i, upper_i) is piecewise linear and non-decreasing. Newton's
     # method on it: the workers held at a bound at the current T fix their batch, the rest share what
     # is left at one finish time. Where that new T holds the same workers at the same bounds, it solves
-    # f(T) = total exactly; it usually does within two or three steps (a few O(N) passes, no sort).
+    # f(T) = total exactly; it usually does after one step (a few O(N) passes, no sort).
     held_lo = held_hi = None
     for _ in range(_NEWTON_STEPS):
         b = v * T - k

@@ -20,6 +20,8 @@ Two guards, both deterministic on every rank:
   it in the same gathered matrix, and the callback adopts rank 0's
   decision state (lbbsp.keras.callbacks).
 """
+import importlib
+
 import numpy as np
 
 __all__ = ["digest", "digests_agree", "numpy_build", "build_mismatch"]
@@ -48,11 +50,14 @@ def digests_agree(digests):
 
 def numpy_build():
     """numpy's version and the CPU features its kernels are dispatched to on this machine."""
-    try:
-        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    except ImportError:  # a numpy that does not report its dispatch: its version alone
-        return {"numpy": np.__version__, "dispatch": []}
-    return {"numpy": np.__version__, "dispatch": sorted(f for f in __cpu_dispatch__ if __cpu_features__.get(f))}
+    for where in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
+        try:
+            umath = importlib.import_module(where)
+            dispatch, features = umath.__cpu_dispatch__, umath.__cpu_features__
+        except (ImportError, AttributeError):
+            continue
+        return {"numpy": np.__version__, "dispatch": sorted(f for f in dispatch if features.get(f))}
+    return {"numpy": np.__version__, "dispatch": []}  # a numpy that does not report its dispatch: its version
 
 
 def build_mismatch(builds):

@@ -70,14 +70,19 @@ def test_continuous_split_is_feasible_and_not_worse_than_the_integers(problem):
         * (1 + 1e-6)
 
 
-@given(problems(), st.integers(0, 2 ** 32 - 1))
-@settings(max_examples=200, deadline=None)
-def test_several_continuous_splits_at_once_split_each_row_as_alone(problem, seed):
+def _rows_apart(problem, seed):
+    """(offsets, four speed rows, global batch, lower, upper): rows far apart in speed, so that some are held at a
+    bound and others not."""
     v, k, global_batch, b_min, b_max = problem
     kk = np.zeros_like(v) if k is None else k
     lower, upper = np.full(v.size, b_min), np.full(v.size, global_batch) if b_max is None else b_max
-    # Rows far apart in speed, so that some are held at a bound and others not.
-    rows = v * np.exp(np.random.default_rng(seed).normal(0.0, 2.0, (4, v.size)))
+    return kk, v * np.exp(np.random.default_rng(seed).normal(0.0, 2.0, (4, v.size))), global_batch, lower, upper
+
+
+@given(problems(), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_several_continuous_splits_at_once_split_each_row_as_alone(problem, seed):
+    kk, rows, global_batch, lower, upper = _rows_apart(problem, seed)
     together, times = continuous_split(kk, rows, global_batch, lower, upper)
     for row, b, t in zip(rows, together, times):
         alone, t_alone = continuous_split(kk, row, global_batch, lower, upper)
@@ -88,10 +93,7 @@ def test_several_continuous_splits_at_once_split_each_row_as_alone(problem, seed
 @settings(max_examples=300, deadline=None)
 def test_newton_split_agrees_with_the_sorted_breakpoints(problem, seed):
     """The clipped split by Newton steps (the fast path) and by sorting the breakpoints (its fallback)."""
-    v, k, global_batch, b_min, b_max = problem
-    kk = np.zeros_like(v) if k is None else k
-    lower, upper = np.full(v.size, b_min), np.full(v.size, global_batch) if b_max is None else b_max
-    rows = v * np.exp(np.random.default_rng(seed).normal(0.0, 2.0, (4, v.size)))
+    kk, rows, global_batch, lower, upper = _rows_apart(problem, seed)
     fast, _ = continuous_split(kk, rows, global_batch, lower, upper)
     with mock.patch.object(allocation, "_NEWTON_STEPS", 0):
         sorted_, _ = continuous_split(kk, rows, global_batch, lower, upper)

@@ -42,8 +42,9 @@ class Drifting(LBBSPPolicy):
     def after_step(self, stats, global_batch):
         sizes = np.array(super().after_step(stats, global_batch), dtype=np.int64)
         if mode == "inject" and rank == size - 1 and self.decisions in INJECT_AT:
-            sizes[np.argmax(sizes)] -= 1
-            sizes[np.argmin(sizes)] += 1
+            big, small = int(np.argmax(sizes)), int(np.argmin(sizes))
+            sizes[big] -= 1
+            sizes[small if small != big else (big + 1) % size] += 1
         self.decisions += 1
         return sizes
 
