@@ -62,6 +62,7 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
         seen = np.sort(np.concatenate([rank["epochs"][epoch] for rank in ranks]))
         assert np.array_equal(seen, np.arange(r["num_samples"])), f"epoch {epoch} did not read every sample once"
     assert all(rank["decisions"] == ranks[0]["decisions"] for rank in ranks), "ranks disagreed on batch sizes"
+    assert all(rank["resynced"] == [] for rank in ranks), "the split digests disagreed"
     assert all(rank["final_loss"] == ranks[0]["final_loss"] for rank in ranks), "replicas diverged"
     # The default split is chosen in hindsight: every rank scored the same candidates alike, and logged its choice.
     assert ranks[0]["scored"] > 0 and all(rank["choice"] == ranks[0]["choice"] for rank in ranks)

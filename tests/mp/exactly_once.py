@@ -129,6 +129,7 @@ mine = {
     "choice_log": decisions.choices,
     "offsets": balancer.controller.policy.model.offsets.tolist(),  # the fixed costs, pooled from three fits on
     "identified": balancer.controller.policy.model.identified.tolist(),
+    "resynced": balancer.resynced,  # steps at which the ranks' split digests differed (none: they agree)
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
 }
 everyone = allgather_object(mine)
