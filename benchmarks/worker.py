@@ -52,6 +52,9 @@ def parse(argv=None):
     parser.add_argument("--candidates", default=",".join(LBBSPPolicy.CANDIDATES),
                         help="lbbsp policy's candidates for the choice in hindsight, comma-separated, from "
                              f"{LBBSPPolicy.CANDIDATES}, forecast first (default: all)")
+    parser.add_argument("--calibration", type=int, default=LBBSPPolicy().calibration,
+                        help="lbbsp policy's calibration: decisions whose split is dithered to identify the fixed "
+                             "costs (0: none)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -66,14 +69,15 @@ def parse(argv=None):
     args.candidates = tuple(name.strip() for name in args.candidates.split(","))
     lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"),
                   (args.no_pool_offsets, "--no-pool-offsets"),
-                  (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"))
+                  (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"),
+                  (args.calibration != LBBSPPolicy().calibration, "--calibration"))
     for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
     try:  # the policy's own check, before horovodrun starts every rank
-        LBBSPPolicy(candidates=args.candidates)
+        LBBSPPolicy(candidates=args.candidates, calibration=args.calibration)
     except ValueError as exc:
-        parser.error(f"--candidates: {exc}")
+        parser.error(f"--candidates or --calibration: {exc}")
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -249,7 +253,8 @@ def main(argv=None):
         if args.policy == "lbbsp":  # the options left at their defaults give what the name "lbbsp" makes
             aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
             policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
-                                 model={"pool": not args.no_pool_offsets}, candidates=args.candidates)
+                                 model={"pool": not args.no_pool_offsets}, candidates=args.candidates,
+                                 calibration=args.calibration)
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
             from .oracle import CurveBook, OraclePolicy, load_curves
 

@@ -32,7 +32,7 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "finer_grid", "Rebalancer"]
+           "dithered", "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "finer_grid", "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -238,6 +238,36 @@ def allocate(speeds, global_batch, b_min=1, b_max=None, offsets=None, near=None,
         raise ValueError(f"offsets={np.asarray(offsets).tolist()!r} is not allowed: give {v.size} values")
     return allocate_clean(v, k, global_batch, np.full(v.size, b_min, dtype=np.int64), upper, near, max_change,
                           int(multiple))
+
+
+def dithered(batches, unknown, sign, fraction, lower, upper, multiple=1):
+    """`batches` with a zero-sum move that makes the fixed costs of the `unknown` workers identifiable.
+
+    The unknown workers are taken in pairs (in index order; with an odd count
+    the worker with the largest batch among the others, or among the unknown
+    if there is no other, completes the last pair): within a pair the first gains and the second loses
+    `fraction` of the smaller batch (at least one grid unit), the other way
+    round where `sign` < 0, so that alternating the sign from step to step
+    moves every unknown worker's batch by twice that between steps while the
+    total stays the same. Moves stay on the grid `multiple` and within
+    [lower, upper] (on the grid: `grid_units`); a pair that cannot move keeps
+    its batches.
+    """
+    b = np.asarray(batches, dtype=np.int64).copy()
+    unknown = np.flatnonzero(np.asarray(unknown, dtype=bool))
+    if unknown.size % 2:  # the last one's partner: the largest batch among the others, else among the unknown
+        others = np.setdiff1d(np.arange(b.size), unknown)
+        pool = others if others.size else unknown[:-1]
+        unknown = np.append(unknown, pool[np.argmax(b[pool])]) if pool.size else unknown[:0]
+    gain, lose = (unknown[0::2], unknown[1::2]) if sign >= 0 else (unknown[1::2], unknown[0::2])
+    lo, hi = (np.asarray(x) * multiple for x in grid_units(np.asarray(lower), np.asarray(upper), multiple))
+    lo, hi = np.broadcast_to(lo, b.shape), np.broadcast_to(hi, b.shape)
+    step = np.maximum(np.floor(fraction * np.minimum(b[gain], b[lose]) / multiple), 1) * multiple
+    step = np.minimum(step, np.minimum(hi[gain] - b[gain], b[lose] - lo[lose])).clip(0) // multiple * multiple
+    step = step.astype(np.int64)
+    np.add.at(b, gain, step)  # one worker may be in two pairs (an odd count of unknown workers and no other)
+    np.subtract.at(b, lose, step)
+    return b
 
 
 def grid_units(lower, upper, multiple):

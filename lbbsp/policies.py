@@ -10,8 +10,8 @@ import logging
 
 import numpy as np
 
-from .allocation import (Rebalancer, allocate, allocate_clean, continuous_split, finer_grid, grid_units, sanitize,
-                         shrink_to_current, tail_speeds, validate_bounds)
+from .allocation import (Rebalancer, allocate, allocate_clean, continuous_split, dithered, finer_grid, grid_units,
+                         sanitize, shrink_to_current, tail_speeds, validate_bounds)
 from .hindsight import Hindsight
 from .membership import remap_workers
 from .steptime import StepTimeModel
@@ -305,6 +305,15 @@ class LBBSPPolicy(Policy):
     a margin (lbbsp.hindsight); the forecasts as they are until the scores
     say otherwise. False always balances the forecasts as they are.
     `model` takes a StepTimeModel or a dict of its arguments.
+
+    The fixed costs k_i are identified only where batches move (lbbsp.steptime),
+    and a worker held at a small batch with k_i unknown (0) looks slower
+    than it is, by (k_i + b_i) / b_i. So for its first `calibration`
+    decisions the policy dithers the split it runs: the workers whose k is
+    not yet identified trade `dither` of their batch in pairs, the sign
+    flipping every step, with the total unchanged (lbbsp.allocation.dithered).
+    The split it plans with stays undithered, and the dither ends for good
+    once every worker's k is identified.
     """
 
     name = "lbbsp"
@@ -312,7 +321,7 @@ class LBBSPPolicy(Policy):
     #: Decisions in a row that must find the grid's floor above a worker's best batch before the grid is refined
     #: (down to the `finest_multiple` given to `start`).
     REFINE_AFTER = 3
-    _STATE = ("batches", "_speeds", "_shadows")
+    _STATE = ("batches", "_speeds", "_shadows", "_calibrating")
     _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
     #: The candidates variance_aware="auto" may score (lbbsp.hindsight): the forecasts, corrected by their
     #: learnt bias, the quantile of the corrected, and the forecasts without the noise shrinkage.
@@ -334,8 +343,14 @@ class LBBSPPolicy(Policy):
             self.choice.load_state(state["choice"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
-                 shrink_noise=True, candidates=CANDIDATES):
+                 shrink_noise=True, candidates=CANDIDATES, calibration=8, dither=0.25):
         self.rebalancer = Rebalancer(min_gain, min_step)
+        if isinstance(calibration, bool) or not isinstance(calibration, int) or calibration < 0:
+            raise ValueError(f"calibration={calibration!r} is not allowed: give the number of decisions (an integer "
+                             ">= 0) whose split is dithered to identify the fixed costs")
+        if isinstance(dither, bool) or not isinstance(dither, (int, float)) or not 0.0 < dither < 1.0:
+            raise ValueError(f"dither={dither!r} is not allowed: give the share of a batch traded, in (0, 1)")
+        self.calibration, self.dither = calibration, float(dither)
         names = tuple(candidates) if isinstance(candidates, (list, tuple)) else ()
         if not names or names[0] != "forecast" or len(set(names)) < len(names) or \
                 any(name not in self.CANDIDATES for name in names):
@@ -368,6 +383,7 @@ class LBBSPPolicy(Policy):
         self.choice.start()
         self._speeds = self._shadows = None
         self._bounds = (None, None, None, None)
+        self._calibrating = self.calibration
         self._finer_for, self._finer_to = 0, multiple  # decisions in a row that asked for a finer grid; the coarsest
         return batches
 
@@ -414,7 +430,14 @@ class LBBSPPolicy(Policy):
         self._speeds = speeds
         if self.multiple > self.finest_multiple:
             self._refine(speeds, total, lower, upper, at_floor=np.any(self.batches <= grid_lower))
-        return self.resize(next_global_batch)
+        sizes = self.resize(next_global_batch)
+        if self._calibrating > 0:
+            unknown = ~self.model.identified
+            self._calibrating = self._calibrating - 1 if unknown.any() else 0
+            if unknown.any() and int(sizes.sum()) == total:
+                sizes = dithered(sizes, unknown, 1 if self._calibrating % 2 else -1, self.dither, lower, upper,
+                               self.multiple)
+        return sizes
 
     def _plan(self, speeds, target, total, lower, upper):
         """(speeds, shrink): the speeds to split by when variance-aware, the quantile of the corrected forecasts

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbsp import allocation
-from lbbsp.allocation import (Rebalancer, allocate, continuous_split, default_multiple, finer_grid, predicted_time,
-                              sanitize, shrink_to_current)
+from lbbsp.allocation import (Rebalancer, allocate, continuous_split, default_multiple, dithered, finer_grid,
+                              predicted_time, sanitize, shrink_to_current)
 
 speed = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 offset = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
@@ -455,3 +455,20 @@ def test_finer_grid_examples():
     assert finer_grid([64.0, 64.0], np.ones(2, dtype=np.int64), np.full(2, 128), 8) == 8
     # The floor counts from b_min: with b_min = 6 a grid of 6 has its floor at 6, not above a best of 6.
     assert finer_grid([6.0, 200.0], np.full(2, 6, dtype=np.int64), np.full(2, 206), 12) == 6
+
+
+@given(st.integers(1, 12), st.integers(1, 4), st.sampled_from([1, 2, 8]), st.floats(0.05, 0.9), st.data())
+@settings(max_examples=300, deadline=None)
+def test_dithered_split_keeps_sum_bounds_and_grid_and_moves_only_the_unknown(n, b_min, multiple, fraction, data):
+    batches = np.array(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))) * multiple
+    batches = np.maximum(batches, -(-b_min // multiple) * multiple)
+    unknown = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    lower, upper = np.full(n, b_min), np.full(n, int(batches.sum()))
+    moved = [dithered(batches, unknown, sign, fraction, lower, upper, multiple) for sign in (1, -1)]
+    for b in moved:
+        assert b.sum() == batches.sum() and (b >= lower).all() and (b % multiple == 0).all()
+        changed = np.flatnonzero(b != batches)
+        # Known workers move only as the partner of an odd one out: at most one of them.
+        assert np.count_nonzero(~unknown[changed]) <= (unknown.sum() % 2)
+    if unknown.sum() >= 2 and (batches[unknown] >= 2 * multiple + lower[0]).all():
+        assert (moved[0][unknown] != batches[unknown]).any()

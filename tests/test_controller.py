@@ -212,6 +212,42 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
 
 
+def test_calibration_dithers_until_the_fixed_costs_are_identified():
+    # Two identical workers with a fixed cost of 30 samples: the equal split is balanced and never moves on its
+    # own, so without the dither k stays at its prior 0, and a worker that later gets a small batch would look
+    # slower than it is by (30 + b) / b. Worker 1 slows down 4x at step 24: with k known the first informed
+    # split is the balanced one.
+    k, B, rng = 30.0, 256, np.random.default_rng(1)
+
+    def speeds(t):
+        return np.array([5000.0, 5000.0 if t < 24 else 1250.0])
+
+    results = {}
+    for calibration in (0, 8):
+        loop = Loop(BalanceController(LBBSPPolicy(calibration=calibration), warmup_steps=2), 2, [B] * 16,
+                    multiple=8)
+        splits, eta = [], []
+        for t in range(32):
+            b = loop.step(lambda sizes: gathered(np.full(2, np.nan),
+                                                 (k + sizes) / speeds(t) * np.exp(rng.normal(0.0, 0.02, 2))))
+            splits.append(b.tolist())
+            eta.append(((B + 2 * k) / speeds(t).sum()) / np.max((k + b) / speeds(t)))
+        results[calibration] = loop.c.policy.model, splits, eta
+    model, splits, eta = results[8]
+    assert all(sum(s) == B for s in splits) and splits[4] != splits[3] and splits[5] != splits[4], splits[:8]
+    assert all(s == [128, 128] for s in splits[12:24]), splits  # the dither has ended
+    before = model.offsets
+    _, nocal_splits, nocal_eta = results[0]
+    assert all(s == [128, 128] for s in nocal_splits[:24]), nocal_splits
+    # The step-time model's k after the calibration, and what it buys two steps after the slow-down is seen.
+    assert eta[27] >= 0.9 > nocal_eta[27], (np.round(eta[24:], 2), np.round(nocal_eta[24:], 2), before)
+    for bad, message in ((-1, "calibration=-1"), (1.5, "calibration=1.5")):
+        with pytest.raises(ValueError, match=message):
+            LBBSPPolicy(calibration=bad)
+    with pytest.raises(ValueError, match="dither=1.0"):
+        LBBSPPolicy(dither=1.0)
+
+
 def _moves(policy, speeds_of, steps=200, seed=0, noise=0.06, k=16.0, total=256, finest=None):
     """Split changes of `policy` on workers whose step times carry log-normal noise; and the last split."""
     rng = np.random.default_rng(seed)
