@@ -32,7 +32,8 @@ deterministic: no randomness, ties go to the lower worker index.
 import numpy as np
 
 __all__ = ["validate_bounds", "sanitize", "allocate", "allocate_clean", "continuous_split", "predicted_time",
-           "dithered", "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "finer_grid", "Rebalancer"]
+           "dithered", "tail_speeds", "shrink_to_current", "default_multiple", "grid_units", "finer_grid",
+           "Rebalancer"]
 
 
 def _as_int(name, value, minimum):
@@ -245,13 +246,13 @@ def dithered(batches, unknown, sign, fraction, lower, upper, multiple=1):
 
     The unknown workers are taken in pairs (in index order; with an odd count
     the worker with the largest batch among the others, or among the unknown
-    if there is no other, completes the last pair): within a pair the first gains and the second loses
-    `fraction` of the smaller batch (at least one grid unit), the other way
-    round where `sign` < 0, so that alternating the sign from step to step
-    moves every unknown worker's batch by twice that between steps while the
-    total stays the same. Moves stay on the grid `multiple` and within
-    [lower, upper] (on the grid: `grid_units`); a pair that cannot move keeps
-    its batches.
+    if there is no other, completes the last pair): within a pair the first
+    gains and the second loses `fraction` of the smaller batch (at least one
+    grid unit), the other way round where `sign` < 0, so that alternating the
+    sign from step to step moves every unknown worker's batch by twice that
+    between steps while the total stays the same. Moves stay on the grid
+    `multiple` and within [lower, upper] (on the grid: `grid_units`); a pair
+    that cannot move keeps its batches.
     """
     b = np.asarray(batches, dtype=np.int64).copy()
     unknown = np.flatnonzero(np.asarray(unknown, dtype=bool))

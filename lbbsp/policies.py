@@ -435,8 +435,8 @@ class LBBSPPolicy(Policy):
             unknown = ~self.model.identified
             self._calibrating = self._calibrating - 1 if unknown.any() else 0
             if unknown.any() and int(sizes.sum()) == total:
-                sizes = dithered(sizes, unknown, 1 if self._calibrating % 2 else -1, self.dither, lower, upper,
-                               self.multiple)
+                sign = 1 if self._calibrating % 2 else -1
+                sizes = dithered(sizes, unknown, sign, self.dither, lower, upper, self.multiple)
         return sizes
 
     def _plan(self, speeds, target, total, lower, upper):
