@@ -52,7 +52,7 @@ def parse(argv=None):
     parser.add_argument("--candidates", default=",".join(LBBSPPolicy.CANDIDATES),
                         help="lbbsp policy's candidates for the choice in hindsight, comma-separated, from "
                              f"{LBBSPPolicy.CANDIDATES}, forecast first (default: all)")
-    parser.add_argument("--calibration", type=int, default=LBBSPPolicy().calibration,
+    parser.add_argument("--calibration", type=int, default=LBBSPPolicy.CALIBRATION,
                         help="lbbsp policy's calibration: decisions whose split is dithered to identify the fixed "
                              "costs (0: none)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
@@ -70,7 +70,7 @@ def parse(argv=None):
     lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"),
                   (args.no_pool_offsets, "--no-pool-offsets"),
                   (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"),
-                  (args.calibration != LBBSPPolicy().calibration, "--calibration"))
+                  (args.calibration != LBBSPPolicy.CALIBRATION, "--calibration"))
     for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")

@@ -326,6 +326,8 @@ class LBBSPPolicy(Policy):
     #: The candidates variance_aware="auto" may score (lbbsp.hindsight): the forecasts, corrected by their
     #: learnt bias, the quantile of the corrected, and the forecasts without the noise shrinkage.
     CANDIDATES = ("forecast", "corrected", "quantile", "unshrunk")
+    #: Decisions whose split is dithered, by default, to identify the fixed costs.
+    CALIBRATION = 8
 
     def state(self):
         return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state(),
@@ -343,7 +345,7 @@ class LBBSPPolicy(Policy):
             self.choice.load_state(state["choice"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
-                 shrink_noise=True, candidates=CANDIDATES, calibration=8, dither=0.25):
+                 shrink_noise=True, candidates=CANDIDATES, calibration=CALIBRATION, dither=0.25):
         self.rebalancer = Rebalancer(min_gain, min_step)
         if isinstance(calibration, bool) or not isinstance(calibration, int) or calibration < 0:
             raise ValueError(f"calibration={calibration!r} is not allowed: give the number of decisions (an integer "
@@ -431,10 +433,12 @@ class LBBSPPolicy(Policy):
         if self.multiple > self.finest_multiple:
             self._refine(speeds, total, lower, upper, at_floor=np.any(self.batches <= grid_lower))
         sizes = self.resize(next_global_batch)
-        if self._calibrating > 0:
-            unknown = ~self.model.identified
-            self._calibrating = self._calibrating - 1 if unknown.any() else 0
-            if unknown.any() and int(sizes.sum()) == total:
+        unknown = ~self.model.identified if self._calibrating > 0 else None
+        if unknown is not None and not unknown.any():
+            self._calibrating = 0
+        elif unknown is not None:
+            self._calibrating -= 1
+            if int(sizes.sum()) == total:
                 sign = 1 if self._calibrating % 2 else -1
                 sizes = dithered(sizes, unknown, sign, self.dither, lower, upper, self.multiple)
         return sizes

@@ -171,13 +171,15 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}"
             )
         self.feed.bind(self.rank, self.size)
-        self._check_builds()
+        self._check_builds(hvd.allgather_object(numpy_build(), name="lbbsp_numpy"))
         self._begin_run()
         self.resumed = self._restore() if self.state_path else False
 
-    def _check_builds(self):
-        """Warn when the ranks' numpy may round differently (lbbsp.consistency): their splits would part ways."""
-        problem = build_mismatch(hvd.allgather_object(numpy_build(), name="lbbsp_numpy"))
+    @staticmethod
+    def _check_builds(builds):
+        """Warn when the ranks' numpy builds (gathered) may round differently (lbbsp.consistency): their splits
+        would part ways."""
+        problem = build_mismatch(builds)
         if problem:
             log.warning("lbbsp: %s", problem)
 
@@ -235,8 +237,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._state = self._check_model(model)
         self.rank, self.size = hvd.rank(), hvd.size()
         self._state.rebind(self.rank, self.size)
-        workers = hvd.allgather_object(worker_identity(), name="lbbsp_workers")
-        self._check_builds()
+        gathered = hvd.allgather_object((worker_identity(), numpy_build()), name="lbbsp_workers")
+        workers = [identity for identity, _ in gathered]
+        self._check_builds([build for _, build in gathered])
         snapshot = elastic.lbbsp or {}
         epoch, position = int(elastic.epoch), int(snapshot.get("position", 0))
         self.feed.bind(self.rank, self.size, resume=(epoch, position) if position else None,
