@@ -263,11 +263,14 @@ def dithered(batches, unknown, sign, fraction, lower, upper, multiple=1):
     gain, lose = (unknown[0::2], unknown[1::2]) if sign >= 0 else (unknown[1::2], unknown[0::2])
     lo, hi = (np.asarray(x) * multiple for x in grid_units(np.asarray(lower), np.asarray(upper), multiple))
     lo, hi = np.broadcast_to(lo, b.shape), np.broadcast_to(hi, b.shape)
-    step = np.maximum(np.floor(fraction * np.minimum(b[gain], b[lose]) / multiple), 1) * multiple
-    step = np.minimum(step, np.minimum(hi[gain] - b[gain], b[lose] - lo[lose])).clip(0) // multiple * multiple
-    step = step.astype(np.int64)
-    np.add.at(b, gain, step)  # one worker may be in two pairs (an odd count of unknown workers and no other)
-    np.subtract.at(b, lose, step)
+    # Only the last pair can share a worker with another (the partner of an odd count among the unknown alone),
+    # so it moves after the others, within the room they left.
+    for pairs in (slice(0, -1), slice(-1, None)):
+        up, down = gain[pairs], lose[pairs]
+        step = np.maximum(np.floor(fraction * np.minimum(b[up], b[down]) / multiple), 1) * multiple
+        step = np.minimum(step, np.minimum(hi[up] - b[up], b[down] - lo[down])).clip(0) // multiple * multiple
+        b[up] += step.astype(np.int64)
+        b[down] -= step.astype(np.int64)
     return b
 
 

@@ -63,7 +63,12 @@ min_error       0.01     a fit's standard error is taken as at least this fracti
                          worker's fit
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
-                         co-located job): that pair is not used for k
+                         co-located job): that pair is not used for k. So does the sum
+                         of two consecutive residuals of one sign above it: a change
+                         rarely falls on a step boundary, so the step it starts in
+                         runs partly at each speed and the next shows the rest, and
+                         since t is predicted from the last measurement, the two
+                         residuals telescope and their sum is as noisy as one
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -121,16 +126,18 @@ class StepTimeModel:
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
         self.changed = np.zeros(n, dtype=bool)
+        self.jump = np.zeros(n)
         self._resid = np.zeros(n)
+        self._pending = np.full(n, np.nan)  # the last steady residual, not yet in _resid (see _update)
         self.updates = 0
 
-    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
+    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "jump", "_resid", "_pending", "updates")
     #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
     #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
     MIN_POOLED = 3
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
     #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last": np.nan}
+    EMPTY = {"_sums": 0.0, "_last": np.nan, "_pending": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""
@@ -141,6 +148,8 @@ class StepTimeModel:
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
+        # A state saved before the two-step change test has no jumps and no pending residuals; both start empty.
+        state = {"jump": np.zeros(self.num_workers), "_pending": np.full(self.num_workers, np.nan), **state}
         missing = [name for name in self._STATE if name not in state]
         if missing:
             raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
@@ -186,9 +195,18 @@ class StepTimeModel:
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         resid = np.log(t / self.predict(b))
         known = ok & np.isfinite(resid)
-        self.changed = known & (np.abs(resid) > self.threshold)
+        threshold, last = self.threshold, self._pending
+        one = known & (np.abs(resid) > threshold)
+        both = last + resid  # NaN where the last step was not steady
+        two = known & ~one & (last * resid > 0) & (np.abs(both) > threshold)
+        self.changed = one | two
+        self.jump = np.where(one, np.abs(resid), np.where(two, np.abs(both), 0.0))
         steady = known & ~self.changed
-        self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
+        # A steady residual enters the noise once the next step has shown it was not the first half of a
+        # change; otherwise a change that straddles two steps would raise the threshold that is to detect it.
+        settled = known & np.isfinite(last) & ~two
+        self._resid = np.where(settled, 0.8 * self._resid + 0.2 * last * last, self._resid)
+        self._pending = np.where(steady, resid, np.nan)
         b0, t0 = self._last
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0

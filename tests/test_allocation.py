@@ -457,6 +457,15 @@ def test_finer_grid_examples():
     assert finer_grid([6.0, 200.0], np.full(2, 6, dtype=np.int64), np.full(2, 206), 12) == 6
 
 
+def test_dithered_partner_in_two_pairs_keeps_its_bound():
+    # Three unknown workers and no other: worker 1 (the largest batch) partners both 0 and 2, and must not lose
+    # twice what its bound allows (found by the property test below: [4, 5, 4] became [5, 3, 5]).
+    lower, upper = np.full(3, 4), np.full(3, 13)
+    for sign in (1, -1):
+        b = dithered(np.array([4, 5, 4]), np.ones(3, dtype=bool), sign, 0.5, lower, upper)
+        assert b.sum() == 13 and (b >= lower).all() and (b <= upper).all(), (sign, b)
+
+
 @given(st.integers(1, 12), st.integers(1, 4), st.sampled_from([1, 2, 8]), st.floats(0.05, 0.9), st.data())
 @settings(max_examples=300, deadline=None)
 def test_dithered_split_keeps_sum_bounds_and_grid_and_moves_only_the_unknown(n, b_min, multiple, fraction, data):

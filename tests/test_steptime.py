@@ -38,6 +38,32 @@ def test_a_speed_change_is_followed_in_one_step_and_the_fixed_cost_is_kept():
     assert m.speeds[0] == pytest.approx(250.0) and m.offsets[0] == pytest.approx(20.0)
 
 
+def test_a_change_that_straddles_two_steps_is_detected_and_kept_out_of_the_noise():
+    """A change inside a step shows half in that step and half in the next; neither half passes the one-step
+    threshold alone, their sum does, and neither enters the noise that sets the threshold."""
+    rng = np.random.default_rng(1)
+    m = StepTimeModel()
+    m.start(2)
+    quiet = np.exp(0.03 * rng.standard_normal((40, 2)))
+    for step in range(40):
+        m.update([64, 64], 64 / np.array([1000.0, 1000.0]) * quiet[step])
+    threshold = m.threshold[1]
+    assert threshold == pytest.approx(0.25)  # the floor: the noise is far below it
+    half = np.exp(0.8 * threshold)  # each step slower by 0.8 of the threshold, 1.6 in all
+    m.update([64, 64], 64 / np.array([1000.0, 1000.0 / half]))
+    assert not m.changed.any()
+    m.update([64, 64], 64 / np.array([1000.0, 1000.0 / half ** 2]))
+    assert m.changed.tolist() == [False, True]
+    assert m.jump[1] == pytest.approx(1.6 * threshold, abs=0.1) and m.jump[0] == 0.0
+    assert m.threshold[1] == pytest.approx(threshold)  # the first half did not enter the noise
+    # A single slow step followed by a normal one is noise: the two residuals have opposite signs.
+    m.update([64, 64], 64 / np.array([1000.0, 1000.0 / half ** 2]))
+    m.update([64, 64], 64 / np.array([1000.0, 1000.0 / half ** 3]))
+    assert not m.changed.any()
+    m.update([64, 64], 64 / np.array([1000.0, 1000.0 / half ** 2]))
+    assert not m.changed.any()
+
+
 def test_noisy_timings_over_a_narrow_batch_range_do_not_give_absurd_offsets():
     m = StepTimeModel()
     m.start(1)
