@@ -63,12 +63,16 @@ min_error       0.01     a fit's standard error is taken as at least this fracti
                          worker's fit
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
-                         co-located job): that pair is not used for k. So does the sum
-                         of two consecutive residuals of one sign above it: a change
-                         rarely falls on a step boundary, so the step it starts in
-                         runs partly at each speed and the next shows the rest, and
-                         since t is predicted from the last measurement, the two
-                         residuals telescope and their sum is as noisy as one
+                         co-located job): that pair is not used for k. So do two
+                         steps in a row whose log batch-free speeds lie on one side
+                         of the worker's level (an exponential average of its steady
+                         steps, weight LEVEL_RATE = 0.25 for the newest), each
+                         beyond half that threshold: a worker whose noise is large
+                         (throttled by a quota) hides a 4x change within one step's
+                         noise, and a change that falls inside a step shows part of
+                         it there and the rest in the next. A step enters the noise and
+                         the level only once the next has shown it was not the start
+                         of a change
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -128,16 +132,20 @@ class StepTimeModel:
         self.changed = np.zeros(n, dtype=bool)
         self.jump = np.zeros(n)
         self._resid = np.zeros(n)
-        self._pending = np.full(n, np.nan)  # the last steady residual, not yet in _resid (see _update)
+        self._pending = np.full((2, n), np.nan)  # the last steady residual and log speed, not yet settled
+        self._level = np.full(n, np.nan)  # exponential average of the settled log batch-free speeds
         self.updates = 0
 
-    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "jump", "_resid", "_pending", "updates")
+    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "jump", "_resid", "_pending", "_level",
+              "updates")
+    #: Weight of the newest settled log speed in the level the two-step change test measures departures from.
+    LEVEL_RATE = 0.25
     #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
     #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
     MIN_POOLED = 3
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
     #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last": np.nan, "_pending": np.nan}
+    EMPTY = {"_sums": 0.0, "_last": np.nan, "_pending": np.nan, "_level": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""
@@ -148,8 +156,9 @@ class StepTimeModel:
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
-        # A state saved before the two-step change test has no jumps and no pending residuals; both start empty.
-        state = {"jump": np.zeros(self.num_workers), "_pending": np.full(self.num_workers, np.nan), **state}
+        # A state saved before the two-step change test has no jumps, pending step or level; they start empty.
+        n = self.num_workers
+        state = {"jump": np.zeros(n), "_pending": np.full((2, n), np.nan), "_level": np.full(n, np.nan), **state}
         missing = [name for name in self._STATE if name not in state]
         if missing:
             raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
@@ -195,18 +204,24 @@ class StepTimeModel:
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         resid = np.log(t / self.predict(b))
         known = ok & np.isfinite(resid)
-        threshold, last = self.threshold, self._pending
+        speed = np.log((self.offsets + b) / t)
+        threshold, (last, last_speed) = self.threshold, self._pending
         one = known & (np.abs(resid) > threshold)
-        both = last + resid  # NaN where the last step was not steady
-        two = known & ~one & (last * resid > 0) & (np.abs(both) > threshold)
+        # Two steps in a row on one side of the level, each beyond half the threshold: a change the noise of
+        # one step hides (or that straddles two steps), seen one step later.
+        before, now = last_speed - self._level, speed - self._level  # NaN where the last step was not steady
+        two = known & ~one & (before * now > 0) & (np.minimum(np.abs(before), np.abs(now)) > threshold / 2)
         self.changed = one | two
-        self.jump = np.where(one, np.abs(resid), np.where(two, np.abs(both), 0.0))
+        self.jump = np.where(one, np.abs(resid), np.where(two, np.abs(now), 0.0))
         steady = known & ~self.changed
-        # A steady residual enters the noise once the next step has shown it was not the first half of a
-        # change; otherwise a change that straddles two steps would raise the threshold that is to detect it.
+        # A steady step enters the noise and the level once the next step has shown it was not the start of a
+        # change; otherwise a change would raise the threshold that is to detect it and drag the level along.
         settled = known & np.isfinite(last) & ~two
         self._resid = np.where(settled, 0.8 * self._resid + 0.2 * last * last, self._resid)
-        self._pending = np.where(steady, resid, np.nan)
+        level = np.where(np.isfinite(self._level), self._level + self.LEVEL_RATE * (last_speed - self._level),
+                         last_speed)
+        self._level = np.where(self.changed, speed, np.where(settled, level, self._level))
+        self._pending = np.where(steady, np.stack([resid, speed]), np.nan)
         b0, t0 = self._last
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
@@ -215,7 +230,14 @@ class StepTimeModel:
         s *= np.where(pair, self.forgetting, 1.0)
         s += np.where(pair, np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
         self._last = np.where(ok, np.stack([b, t]), self._last)
+        fitted = self.offsets
         self._fit()
+        # Log batch-free speeds depend on k: the level and the pending step move with a refit of k (at the last
+        # batch, near which the next steps run), so that a refit is not taken for a change of speed.
+        shift = np.log((self.offsets + self._last[0]) / (fitted + self._last[0]))
+        shift = np.where(np.isfinite(shift), shift, 0.0)
+        self._level += shift
+        self._pending[1] += shift
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
                                self.speeds)
 
