@@ -67,12 +67,16 @@ change          0.25     |log(t / predicted t)| above max(change, 4 x the worker
                          steps in a row whose log batch-free speeds lie on one side
                          of the worker's level (an exponential average of its steady
                          steps, weight LEVEL_RATE = 0.25 for the newest), each
-                         beyond half that threshold: a worker whose noise is large
-                         (throttled by a quota) hides a 4x change within one step's
-                         noise, and a change that falls inside a step shows part of
-                         it there and the rest in the next. A step enters the noise and
-                         the level only once the next has shown it was not the start
-                         of a change
+                         beyond half that threshold and beyond LEVEL_Z = 3 standard
+                         deviations of the worker's departures from its level: a
+                         worker whose noise is large (throttled by a quota) hides a
+                         4x change within one step's noise, and a change that falls
+                         inside a step shows part of it there and the rest in the
+                         next; the deviations bound keeps noise that persists from
+                         step to step (lag-1 autocorrelation 0.6 in the recorded
+                         traces) from passing for a change. A step enters the noise
+                         and the level only once the next has shown it was not the
+                         start of a change
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -133,13 +137,17 @@ class StepTimeModel:
         self.jump = np.zeros(n)
         self._resid = np.zeros(n)
         self._pending = np.full((2, n), np.nan)  # the last steady residual and log speed, not yet settled
-        self._level = np.full(n, np.nan)  # exponential average of the settled log batch-free speeds
+        # Exponential averages of the settled log batch-free speeds and of their squared departures from it.
+        self._level = np.stack([np.full(n, np.nan), np.zeros(n)])
         self.updates = 0
 
     _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "jump", "_resid", "_pending", "_level",
               "updates")
     #: Weight of the newest settled log speed in the level the two-step change test measures departures from.
     LEVEL_RATE = 0.25
+    #: Two steps in a row beyond this many standard deviations of the departures from the level (and beyond
+    #: half the one-step threshold) on one side of it mean a change.
+    LEVEL_Z = 3.0
     #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
     #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
     MIN_POOLED = 3
@@ -158,7 +166,8 @@ class StepTimeModel:
                              f"model of {self.num_workers}")
         # A state saved before the two-step change test has no jumps, pending step or level; they start empty.
         n = self.num_workers
-        state = {"jump": np.zeros(n), "_pending": np.full((2, n), np.nan), "_level": np.full(n, np.nan), **state}
+        state = {"jump": np.zeros(n), "_pending": np.full((2, n), np.nan),
+                 "_level": np.stack([np.full(n, np.nan), np.zeros(n)]), **state}
         missing = [name for name in self._STATE if name not in state]
         if missing:
             raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
@@ -209,8 +218,11 @@ class StepTimeModel:
         one = known & (np.abs(resid) > threshold)
         # Two steps in a row on one side of the level, each beyond half the threshold: a change the noise of
         # one step hides (or that straddles two steps), seen one step later.
-        before, now = last_speed - self._level, speed - self._level  # NaN where the last step was not steady
-        two = known & ~one & (before * now > 0) & (np.minimum(np.abs(before), np.abs(now)) > threshold / 2)
+        level, square = self._level
+        square = np.where(np.isfinite(square), square, 0.0)  # a newcomer's (lbbsp.membership) starts at 0
+        before, now = last_speed - level, speed - level  # NaN where the last step was not steady
+        bound = np.maximum(threshold / 2, self.LEVEL_Z * np.sqrt(square))
+        two = known & ~one & (before * now > 0) & (np.minimum(np.abs(before), np.abs(now)) > bound)
         self.changed = one | two
         self.jump = np.where(one, np.abs(resid), np.where(two, np.abs(now), 0.0))
         steady = known & ~self.changed
@@ -218,9 +230,11 @@ class StepTimeModel:
         # change; otherwise a change would raise the threshold that is to detect it and drag the level along.
         settled = known & np.isfinite(last) & ~two
         self._resid = np.where(settled, 0.8 * self._resid + 0.2 * last * last, self._resid)
-        level = np.where(np.isfinite(self._level), self._level + self.LEVEL_RATE * (last_speed - self._level),
-                         last_speed)
-        self._level = np.where(self.changed, speed, np.where(settled, level, self._level))
+        seen = np.isfinite(level)
+        moved = np.stack([np.where(seen, level + self.LEVEL_RATE * before, last_speed),
+                          np.where(seen, square + self.LEVEL_RATE * (before * before - square), square)])
+        self._level = np.where(settled, moved, self._level)
+        self._level[0] = np.where(self.changed, speed, self._level[0])
         self._pending = np.where(steady, np.stack([resid, speed]), np.nan)
         b0, t0 = self._last
         pair = steady & np.isfinite(b0)
@@ -236,7 +250,7 @@ class StepTimeModel:
         # batch, near which the next steps run), so that a refit is not taken for a change of speed.
         shift = np.log((self.offsets + self._last[0]) / (fitted + self._last[0]))
         shift = np.where(np.isfinite(shift), shift, 0.0)
-        self._level += shift
+        self._level[0] += shift
         self._pending[1] += shift
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
                                self.speeds)
