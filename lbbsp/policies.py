@@ -400,12 +400,15 @@ class LBBSPPolicy(Policy):
         return sanitize(np.where(good, forecast, measured))
 
     def after_step(self, stats, next_global_batch):
+        before = self.model.speeds
         self.model.update(stats.batches, stats.compute)
         if self.variance_aware:
             self.errors.observe(stats.step, self.model.speeds)
         if self.variance_aware == "auto":  # only "auto" proposes candidates to score
             self.choice.observe(stats.step, self.model.speeds, self.model.offsets)
-        trust = np.maximum(self.max_change, np.exp(self.model.jump))
+        with np.errstate(all="ignore"):
+            jump = np.exp(np.abs(np.log(before / self.model.speeds)))
+        trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
         total = int(self.batches.sum())
         if total != self._bounds[0]:
             _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)

@@ -63,20 +63,7 @@ min_error       0.01     a fit's standard error is taken as at least this fracti
                          worker's fit
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
-                         co-located job): that pair is not used for k. So do two
-                         steps in a row whose log batch-free speeds lie on one side
-                         of the worker's level (an exponential average of its steady
-                         steps, weight LEVEL_RATE = 0.25 for the newest), each
-                         beyond half that threshold and beyond LEVEL_Z = 3 standard
-                         deviations of the worker's departures from its level: a
-                         worker whose noise is large (throttled by a quota) hides a
-                         4x change within one step's noise, and a change that falls
-                         inside a step shows part of it there and the rest in the
-                         next; the deviations bound keeps noise that persists from
-                         step to step (lag-1 autocorrelation 0.6 in the recorded
-                         traces) from passing for a change. A step enters the noise
-                         and the level only once the next has shown it was not the
-                         start of a change
+                         co-located job): that pair is not used for k
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -134,26 +121,16 @@ class StepTimeModel:
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
         self.changed = np.zeros(n, dtype=bool)
-        self.jump = np.zeros(n)
         self._resid = np.zeros(n)
-        self._pending = np.full((2, n), np.nan)  # the last steady residual and log speed, not yet settled
-        # Exponential averages of the settled log batch-free speeds and of their squared departures from it.
-        self._level = np.stack([np.full(n, np.nan), np.zeros(n)])
         self.updates = 0
 
-    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "jump", "_resid", "_pending", "_level",
-              "updates")
-    #: Weight of the newest settled log speed in the level the two-step change test measures departures from.
-    LEVEL_RATE = 0.25
-    #: Two steps in a row beyond this many standard deviations of the departures from the level (and beyond
-    #: half the one-step threshold) on one side of it mean a change.
-    LEVEL_Z = 3.0
+    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
     #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
     #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
     MIN_POOLED = 3
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
     #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last": np.nan, "_pending": np.nan, "_level": np.nan}
+    EMPTY = {"_sums": 0.0, "_last": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""
@@ -164,10 +141,6 @@ class StepTimeModel:
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
-        # A state saved before the two-step change test has no jumps, pending step or level; they start empty.
-        n = self.num_workers
-        state = {"jump": np.zeros(n), "_pending": np.full((2, n), np.nan),
-                 "_level": np.stack([np.full(n, np.nan), np.zeros(n)]), **state}
         missing = [name for name in self._STATE if name not in state]
         if missing:
             raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
@@ -213,29 +186,9 @@ class StepTimeModel:
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         resid = np.log(t / self.predict(b))
         known = ok & np.isfinite(resid)
-        speed = np.log((self.offsets + b) / t)
-        threshold, (last, last_speed) = self.threshold, self._pending
-        one = known & (np.abs(resid) > threshold)
-        # Two steps in a row on one side of the level, each beyond half the threshold: a change the noise of
-        # one step hides (or that straddles two steps), seen one step later.
-        level, square = self._level
-        square = np.where(np.isfinite(square), square, 0.0)  # a newcomer's (lbbsp.membership) starts at 0
-        before, now = last_speed - level, speed - level  # NaN where the last step was not steady
-        bound = np.maximum(threshold / 2, self.LEVEL_Z * np.sqrt(square))
-        two = known & ~one & (before * now > 0) & (np.minimum(np.abs(before), np.abs(now)) > bound)
-        self.changed = one | two
-        self.jump = np.where(one, np.abs(resid), np.where(two, np.abs(now), 0.0))
+        self.changed = known & (np.abs(resid) > self.threshold)
         steady = known & ~self.changed
-        # A steady step enters the noise and the level once the next step has shown it was not the start of a
-        # change; otherwise a change would raise the threshold that is to detect it and drag the level along.
-        settled = known & np.isfinite(last) & ~two
-        self._resid = np.where(settled, 0.8 * self._resid + 0.2 * last * last, self._resid)
-        seen = np.isfinite(level)
-        moved = np.stack([np.where(seen, level + self.LEVEL_RATE * before, last_speed),
-                          np.where(seen, square + self.LEVEL_RATE * (before * before - square), square)])
-        self._level = np.where(settled, moved, self._level)
-        self._level[0] = np.where(self.changed, speed, self._level[0])
-        self._pending = np.where(steady, np.stack([resid, speed]), np.nan)
+        self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
         b0, t0 = self._last
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
@@ -244,14 +197,7 @@ class StepTimeModel:
         s *= np.where(pair, self.forgetting, 1.0)
         s += np.where(pair, np.stack([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
         self._last = np.where(ok, np.stack([b, t]), self._last)
-        fitted = self.offsets
         self._fit()
-        # Log batch-free speeds depend on k: the level and the pending step move with a refit of k (at the last
-        # batch, near which the next steps run), so that a refit is not taken for a change of speed.
-        shift = np.log((self.offsets + self._last[0]) / (fitted + self._last[0]))
-        shift = np.where(np.isfinite(shift), shift, 0.0)
-        self._level[0] += shift
-        self._pending[1] += shift
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
                                self.speeds)
 
