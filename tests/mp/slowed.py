@@ -1,4 +1,4 @@
-"""Run under horovodrun -np 2: rank 1 slowed for real; lbbsp must shrink its batch and beat equal batches.
+"""Run under horovodrun -np 2: rank 1 slowed for real; lbbsp must shrink its batch.
 
 Rank 1 runs under a cgroup CPU quota (0.3 cores) where cgroups are writable,
 else next to a busy process pinned to its core. Both policies train in the
