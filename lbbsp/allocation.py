@@ -382,6 +382,13 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     return np.where(free & (count >= 2), np.exp(log_v - pull + free_mean(pull)), v)
 
 
+def _floor(lower, multiple, upper=None):
+    """The smallest batch each worker can get on the grid `multiple`: its lower bound rounded up to the grid,
+    unless that passes its upper bound (the grid then does not hold for it, see `allocate_clean`)."""
+    floor = -(-np.asarray(lower) // multiple) * multiple
+    return floor if upper is None else np.where(floor <= upper, floor, lower)
+
+
 def _finish(batches, speeds, offsets):
     """max_i (k_i + b_i) / v_i for clean speeds and offsets."""
     return float(np.max((offsets + np.asarray(batches, dtype=np.float64)) / speeds))
@@ -428,10 +435,10 @@ class Rebalancer:
         self._step = np.ones(num_workers)
         self._last_dir = np.zeros(num_workers, dtype=np.int64)
 
-    def keeps(self, current, speeds, offsets, lower, jumped=None):
+    def keeps(self, current, speeds, offsets, lower, jumped=None, multiple=1):
         """True when `update` would keep `current` whatever the target, so the allocation can be skipped.
 
-        That holds when every worker is above its lower bound (all of them then count in `update`'s
+        That holds when every worker is above its floor (all of them then count in `update`'s
         comparison) and the current predicted step is within `min_gain` of (B + sum k_i) / sum v_i, the
         continuous optimum without bounds, which no split beats. Restarts the damping on `jumped` as
         `update` does. Arguments as in `update`.
@@ -439,7 +446,7 @@ class Rebalancer:
         if jumped is not None and np.any(jumped):
             self.start(self._step.size)
         current = np.asarray(current)
-        if not np.all(current > lower):
+        if not np.all(current > _floor(lower, multiple)):
             return False
         now = _finish(current, speeds, offsets)
         bound = (float(current.sum()) + float(np.sum(offsets))) / float(np.sum(speeds))
@@ -450,16 +457,19 @@ class Rebalancer:
 
         `speeds` and `offsets` must be clean (positive and non-negative finite; see `sanitize`), `lower`
         and `upper` the per-worker bounds (integer arrays); `jumped` marks workers whose speed just changed;
-        a damped move stays on the batch grid `multiple`.
+        `multiple` is the batch grid: a damped move stays on it, and a worker at its lower bound as the grid
+        rounds it is held there.
         """
         if jumped is not None and np.any(jumped):
             self.start(self._step.size)
         current, target = np.asarray(current, dtype=np.int64), np.asarray(target)
         if np.array_equal(target, current):
             return current.copy()
-        # A worker held at its lower bound in both splits finishes when it finishes under either; when it is
-        # the slowest, comparing maxima would see no gain and keep a stale split for all the others.
-        free = (target > lower) | (current > lower)
+        # A worker held at its floor (its lower bound as the grid rounds it) in both splits finishes when it
+        # finishes under either; when it is the slowest, comparing maxima would see no gain and keep a stale
+        # split for all the others.
+        floor = _floor(lower, multiple, upper)
+        free = (target > floor) | (current > floor)
         speeds, offsets = speeds[free], np.broadcast_to(offsets, free.shape)[free]
         now = _finish(current[free], speeds, offsets)
         best = _finish(target[free], speeds, offsets)

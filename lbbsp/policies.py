@@ -424,7 +424,8 @@ class LBBSPPolicy(Policy):
         if shrink:
             free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
-        if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed):
+        if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed,
+                                     multiple=self.multiple):
             target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
                                     max_change=trust, multiple=self.multiple)
             self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,

@@ -253,6 +253,24 @@ def test_rebalancer_moves_the_others_when_a_worker_at_its_lower_bound_is_the_slo
     assert r.update(target, target.copy(), speeds, offsets, lower, upper).tolist() == target.tolist()
 
 
+def test_rebalancer_moves_the_others_when_a_worker_at_the_grids_floor_is_the_slowest():
+    # As above with a batch grid of 4 and b_min = 1: the slowest worker's floor is 4 samples, not 1. Found on
+    # static-4, where the 0.15-core worker sat at 4 samples and the split of the other three stayed stale.
+    r = Rebalancer(min_gain=0.02)
+    r.start(4)
+    speeds, offsets = np.array([3000.0, 3000.0, 1000.0, 95.0]), np.zeros(4)
+    lower, upper = np.ones(4, np.int64), np.full(4, 256, np.int64)
+    target = allocate(speeds, 256, offsets=offsets, multiple=4)
+    assert target[3] == 4 and target[2] > 32, target
+    stale = np.array([108, 116, 28, 4])
+    assert predicted_time(stale, speeds) == predicted_time(target, speeds)  # worker 3 sets both
+    assert r.update(stale, target, speeds, offsets, lower, upper, multiple=4).tolist() == target.tolist()
+    assert not r.keeps(stale, speeds, offsets, lower, multiple=4)
+    # Without the grid the same worker could go down to 1 sample, and 4 is no floor: it counts as before.
+    r.start(4)
+    assert r.update(stale, target, speeds, offsets, lower, upper).tolist() == stale.tolist()
+
+
 @given(problems(), st.floats(0.0, 0.2), st.integers(0, 10**6))
 @settings(max_examples=400, deadline=None)
 def test_rebalancer_keeps_only_what_update_would_keep(problem, min_gain, seed):
@@ -262,13 +280,14 @@ def test_rebalancer_keeps_only_what_update_would_keep(problem, min_gain, seed):
     k = np.zeros(v.size) if k is None else k
     lower = np.full(v.size, b_min, np.int64)
     upper = np.full(v.size, global_batch, np.int64) if b_max is None else b_max.astype(np.int64)
-    best = allocate(v, global_batch, b_min, b_max, offsets=k)
+    q = int(rng.choice([1, 2, 4, 8]))  # the batch grid
+    best = allocate(v, global_batch, b_min, b_max, offsets=k, multiple=q)
     current = best if rng.random() < 0.5 else allocate(v * rng.uniform(0.9, 1.1, v.size), global_batch, b_min,
-                                                       b_max, offsets=k)
+                                                       b_max, offsets=k, multiple=q)
     r = Rebalancer(min_gain=min_gain)
     r.start(v.size)
-    if r.keeps(current, v, k, lower):
-        assert r.update(current, best, v, k, lower, upper).tolist() == current.tolist()
+    if r.keeps(current, v, k, lower, multiple=q):
+        assert r.update(current, best, v, k, lower, upper, multiple=q).tolist() == current.tolist()
 
 
 def test_rebalancer_keeps_a_balanced_split_and_not_an_unbalanced_one():
