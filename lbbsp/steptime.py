@@ -57,10 +57,11 @@ max_error       0.25     with fewer than three workers' fits to pool, a fit of k
                          otherwise give absurd fixed costs)
 pool            True     pool the workers' fits (above); False fits each worker alone,
                          with the `max_error` rule
-min_error       0.01     a fit's standard error is taken as at least this fraction of
-                         the mean batch when pooling: timings do not resolve k finer,
-                         and a chance near-zero residual must not outweigh every other
-                         worker's fit
+min_error       0.01     timings do not resolve k finer than this fraction of the mean
+                         batch: when pooling, a fit whose standard error is below it
+                         has a chance near-zero residual (a fit on the one pair whose
+                         batch moved has none) and counts as precise as the median
+                         fit, so that it does not outweigh every other worker's fit
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
                          co-located job): that pair is not used for k
@@ -215,7 +216,13 @@ class StepTimeModel:
             self.offsets = np.where(fit, np.clip(k, 0.0, self.max_offset * scale), self.offsets)
             self.identified |= fit
             return
-        pooled, shrunk = _pool(k[fit], np.maximum(error[fit], self.min_error * scale[fit]))
+        floor = self.min_error * scale[fit]
+        errors = np.maximum(error[fit], floor)
+        # An error below what timings resolve is a chance near-zero residual (a fit on the one pair whose batch
+        # moved has none): it says nothing of the fit's precision, which then counts as the median fit's
+        # instead of outweighing every other worker's.
+        errors = np.where(error[fit] < floor, np.maximum(np.median(errors), floor), errors)
+        pooled, shrunk = _pool(k[fit], errors)
         own = np.full(k.size, pooled)
         own[fit] = shrunk
         # A worker never fitted takes the pooled k; one fitted before whose batch has since settled keeps its own.

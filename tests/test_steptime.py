@@ -159,6 +159,25 @@ def test_a_worker_whose_batch_never_moved_takes_the_pooled_fixed_cost():
     assert m.speeds[3] == pytest.approx(v[3], rel=0.05)
 
 
+def test_a_fit_on_one_moved_pair_does_not_set_everyones_fixed_cost():
+    # Found on static-4: the slowest worker sat at the grid's floor after the calibration, so its fit rested on
+    # the one pair whose batch moved, had no residual, read as exact and set the pooled k of all four workers.
+    v, k = np.array([1000.0, 900.0, 800.0, 200.0]), 20.0
+    rng = np.random.default_rng(5)
+    m = StepTimeModel()
+    m.start(4)
+    for step in range(60):
+        b = np.append(rng.integers(60, 100, 3), 4.0 if step < 40 else 8.0).astype(np.float64)
+        noise = np.exp(0.05 * rng.standard_normal(4))
+        noise[3] = 1.2 if step == 40 else 1.0  # the one move of worker 3 lands on a slow step
+        m.update(b, (k + b) / v * noise)
+    own = own_fits(m)
+    assert m.identified.all() and abs(own[3] - k) > 10.0, own  # worker 3's own fit is far off, with no residual
+    # It counts as one fit among four: the pooled k lies nearer the other three fits than to it.
+    pooled = np.median(m.offsets)
+    assert abs(pooled - own[:3].mean()) < abs(pooled - own[3]), (m.offsets, own)
+
+
 def test_two_workers_fits_are_not_pooled():
     v, k = np.array([1000.0, 250.0]), np.array([20.0, 40.0])
     models = [StepTimeModel(), StepTimeModel(pool=False)]
