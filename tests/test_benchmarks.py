@@ -246,6 +246,43 @@ def test_decision_benchmark_times_every_policy():
     assert times.shape == (30,) and np.all(times > 0)
 
 
+def test_a_cfs_quota_runs_its_share_of_each_period_then_stalls():
+    from benchmarks.stepchange import PERIOD, QuotaWorker
+
+    worker = QuotaWorker()
+    # 30 ms of CPU under a quarter core: 25 ms now, a stall to the period's end, then 5 ms.
+    assert worker.advance(0.030, 0.25, busy=True) == pytest.approx(PERIOD + 0.005)
+    assert worker.advance(0.010, 0.25, busy=True) == pytest.approx(0.010), "the new period's quota has room"
+    worker.advance(0.085, 0.25, busy=False)
+    assert worker.advance(0.002, 0.25, busy=True) == pytest.approx(0.002), "idling into a new period refills it"
+    assert QuotaWorker().advance(0.050, 1.0, busy=True) == pytest.approx(0.050), "a whole core never stalls"
+
+
+def test_step_change_simulation_separates_smooth_changes_from_cfs_stalls(capsys):
+    from benchmarks.stepchange import POLICIES, main, phase_oracle, run
+
+    make, predictor = POLICIES["lbbsp-last"]
+    smooth = run(make(), predictor, mode="smooth", steps=160)
+    assert len(smooth["cut"]) == len(smooth["restore"]) == 4
+    # Without stalls a 4x change is balanced again by the first split that knows of it (+2), both ways; PID,
+    # which moves each batch by its measured time ratio, is not.
+    changes = np.array(smooth["cut"] + smooth["restore"])
+    assert changes[:, 2].min() > 0.9 and np.median(changes[:, 2:]) > 0.95
+    make_pid, _ = POLICIES["pid"]
+    pid = run(make_pid(), mode="smooth", steps=160)
+    assert np.median(np.array(pid["cut"] + pid["restore"])[:, 2]) < 0.9
+    cfs = run(make(), predictor, mode="cfs", steps=160)
+    assert cfs["step"] > smooth["step"]
+    slowed, normal, step = phase_oracle("smooth", [0], steps=160)
+    assert slowed < normal and step <= smooth["step"] * 1.01
+    assert main(["--modes", "smooth", "--policies", "pid", "--seeds", "0", "--steps", "96"]) == 0
+    assert "phase oracle" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="mode='gpu'"):
+        run("equal", mode="gpu")
+    with pytest.raises(SystemExit):
+        main(["--modes", "gpu"])
+
+
 def test_progress_prints_one_line_per_unit_in_a_log(capsys):
     p = Progress(total=2, parts=3, stream=sys.stderr)
     p.update("a", 1)
