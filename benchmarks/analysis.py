@@ -16,7 +16,10 @@
 - recovery: for each change of a worker's injected contention (the scenario's
   state, recorded per step by the benchmark worker), the step efficiency T*/T
   at that step and the RECOVERY_STEPS - 1 steps after it. With plan_ahead = 1
-  the split that first knows of a change runs two steps after it.
+  the split that first knows of a change runs two steps after it. Each change
+  is "slower" (a quota cut or a hog started), "faster" (a quota restored or a
+  hog gone) or "mixed" (both at once, on different workers): recovering from
+  a slowdown and from a speed-up are different problems.
 """
 import math
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from lbbsp.metrics import balanced_time, summarize_steps
 
-__all__ = ["summarize", "step_matrix", "breakdown", "recovery", "RECOVERY_STEPS"]
+__all__ = ["summarize", "step_matrix", "breakdown", "recovery", "recovery_kinds", "RECOVERY_STEPS"]
 
 RECOVERY_STEPS = 8
 
@@ -59,20 +62,38 @@ def breakdown(histories, skip_epochs=1):
     return {name: [round(1e3 * float(v), 3) for v in np.nanmean(m, axis=0)] for name, m in parts.items()}
 
 
+def _changes(histories, skip_epochs, steps):
+    """(eta per step, the steps at which the contention changed with `steps` steps recorded from there on,
+    each change's kind); empty without records."""
+    batches = step_matrix(histories, "batch_size", skip_epochs)
+    if not batches.size:
+        return np.zeros(0), [], []
+    compute = step_matrix(histories, "compute", skip_epochs)
+    speed = step_matrix(histories, "state_speed", skip_epochs)
+    hog = step_matrix(histories, "state_hog", skip_epochs)
+    with np.errstate(all="ignore"):
+        eta = balanced_time(batches, compute) / compute.max(axis=1)
+    state = np.concatenate([speed, hog], axis=1)
+    changed = np.any(state[1:] != state[:-1], axis=1) & np.all(np.isfinite(state[1:]), axis=1)
+    at = [i for i in np.flatnonzero(changed) + 1 if i + steps <= eta.size]
+    kinds = []
+    for i in at:
+        slower = bool(np.any(speed[i] < speed[i - 1]) or np.any(hog[i] > hog[i - 1]))
+        faster = bool(np.any(speed[i] > speed[i - 1]) or np.any(hog[i] < hog[i - 1]))
+        kinds.append("mixed" if slower == faster else "slower" if slower else "faster")
+    return eta, at, kinds
+
+
 def recovery(histories, skip_epochs=1, steps=RECOVERY_STEPS):
     """Per change of contention after the skipped epochs, the step efficiency from that step on (see the
     module docstring): a list of lists of `steps` values; [] without changes or records."""
-    batches = step_matrix(histories, "batch_size", skip_epochs)
-    if not batches.size:
-        return []
-    compute = step_matrix(histories, "compute", skip_epochs)
-    state = np.concatenate([step_matrix(histories, "state_speed", skip_epochs),
-                            step_matrix(histories, "state_hog", skip_epochs)], axis=1)
-    with np.errstate(all="ignore"):
-        eta = balanced_time(batches, compute) / compute.max(axis=1)
-    changed = np.any(state[1:] != state[:-1], axis=1) & np.all(np.isfinite(state[1:]), axis=1)
-    return [[round(float(v), 4) for v in eta[i:i + steps]] for i in np.flatnonzero(changed) + 1
-            if i + steps <= eta.size]
+    eta, at, _ = _changes(histories, skip_epochs, steps)
+    return [[round(float(v), 4) for v in eta[i:i + steps]] for i in at]
+
+
+def recovery_kinds(histories, skip_epochs=1, steps=RECOVERY_STEPS):
+    """The kind of each change that `recovery` follows: "slower", "faster" or "mixed" (module docstring)."""
+    return _changes(histories, skip_epochs, steps)[2]
 
 
 def summarize(histories, epochs, num_samples, steps_per_epoch):
@@ -102,9 +123,10 @@ def summarize(histories, epochs, num_samples, steps_per_epoch):
             overhead_ms=1e3 * float(np.median(step_matrix(histories, "overhead"))),
             breakdown=breakdown(histories),
             recovery=recovery(histories),
+            recovery_kinds=recovery_kinds(histories),
         )
     else:
         out.update(efficiency=float("nan"), straggler=float("nan"), idle_fraction=float("nan"),
                    compute_share=float("nan"), mean_batch=None, overhead_ms=float("nan"), breakdown={},
-                   recovery=[])
+                   recovery=[], recovery_kinds=[])
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

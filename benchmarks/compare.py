@@ -184,20 +184,28 @@ def breakdown_table(results):
 
 
 def recovery_table(results, threshold=0.9):
-    """Markdown: per variant, the median step efficiency at each step after a change of contention (over
-    every change of every round), and the first step from which it stays >= threshold; "" without changes."""
-    changes = {label: np.array([seq for r in runs for seq in r.get("recovery") or []])
-               for label, runs in results.items()}
-    changes = {label: rows for label, rows in changes.items() if rows.size}
+    """Markdown: per variant and kind of change (benchmarks.analysis), the median step efficiency at each step
+    after a change of contention (over every such change of every round), and the first step from which it
+    stays >= threshold; "" without changes. Results saved before changes had kinds count as "any"."""
+    changes = {}
+    for label, runs in results.items():
+        for r in runs:
+            seqs = r.get("recovery") or []
+            kinds = r.get("recovery_kinds") or []
+            kinds = kinds if len(kinds) == len(seqs) else ["any"] * len(seqs)
+            for kind, seq in zip(kinds, seqs):
+                changes.setdefault((label, kind), []).append(seq)
     if not changes:
         return ""
-    steps = next(iter(changes.values())).shape[1]
-    lines = ["| variant | changes | " + " | ".join(f"+{k}" for k in range(steps)) + f" | >= {threshold} from |",
-             "|" + "---|" * (steps + 3)]
-    for label, rows in changes.items():
-        median = np.median(rows, axis=0)
+    steps = len(next(iter(changes.values()))[0])
+    lines = ["| variant | change | changes | " + " | ".join(f"+{k}" for k in range(steps)) +
+             f" | >= {threshold} from |", "|" + "---|" * (steps + 4)]
+    order = {kind: i for i, kind in enumerate(("slower", "faster", "mixed", "any"))}
+    labels = {label: i for i, label in enumerate(results)}
+    for (label, kind), rows in sorted(changes.items(), key=lambda item: (labels[item[0][0]], order[item[0][1]])):
+        median = np.median(np.array(rows), axis=0)
         back = next((k for k in range(steps) if np.all(median[k:] >= threshold)), None)
-        lines.append(f"| {label} | {len(rows)} | " + " | ".join(f"{v:.2f}" for v in median) +
+        lines.append(f"| {label} | {kind} | {len(rows)} | " + " | ".join(f"{v:.2f}" for v in median) +
                      f" | {'-' if back is None else f'+{back}'} |")
     return "\n".join(lines)
 
@@ -281,7 +289,8 @@ def main(argv=None):
     recovered = recovery_table(results)
     if recovered:
         text += ("\n\nStep efficiency after each change of contention (median over changes; +0 is the step of the "
-                 "change, and with plan_ahead=1 the first split that knows of it runs at +2):\n\n" + recovered)
+                 "change, and with plan_ahead=1 the first split that knows of it runs at +2; slower: a quota cut "
+                 "or a hog started, faster: a quota restored or a hog gone, mixed: both at once):\n\n" + recovered)
     if ideals:
         text += (f"\n\nReachable ideal: the best split under each worker's step-time curve measured in this run "
                  f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); under the measured "

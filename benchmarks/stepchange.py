@@ -44,7 +44,7 @@ from lbbsp.forecasting import Forecaster
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import LBBSPPolicy, Policy, make_policy
 
-__all__ = ["QuotaWorker", "run", "phase_oracle", "main", "MODES", "POLICIES"]
+__all__ = ["QuotaWorker", "quotas", "run", "phase_oracle", "main", "MODES", "POLICIES"]
 
 MODES = ("smooth", "cfs")
 #: CFS's default bandwidth period (seconds).

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.analysis import breakdown, recovery, summarize
+from benchmarks.analysis import breakdown, recovery, recovery_kinds, summarize
 from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.scenario import Scenario, list_scenarios
@@ -86,7 +86,12 @@ def test_recovery_follows_the_step_efficiency_from_each_change_of_contention():
     out = recovery([fast, slow], skip_epochs=1, steps=4)
     assert out == [[pytest.approx(0.4), pytest.approx(0.4), 1.0, 1.0]], "the change at 9 has too few steps after it"
     assert len(recovery([fast, slow], skip_epochs=1, steps=3)) == 2
+    assert recovery_kinds([fast, slow], skip_epochs=1, steps=4) == ["slower"]
+    assert recovery_kinds([fast, slow], skip_epochs=1, steps=3) == ["slower", "faster"]
+    fast[9]["state_hog"] = True  # a hog starts on worker 0 as worker 1's quota is restored
+    assert recovery_kinds([fast, slow], skip_epochs=1, steps=3) == ["slower", "mixed"]
     assert recovery([rows([10], [1.0], [0.0])] * 2) == [], "no recorded states, no changes"
+    assert recovery_kinds([rows([10], [1.0], [0.0])] * 2) == []
 
 
 def test_curves_oracle_and_reachable_ideal():
@@ -314,7 +319,8 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
                for r in results["lbbsp-narx"]), "per rank: the share of forecasts the NARX made"
     assert results["oracle"][1]["mean_batch"][1] < results["oracle"][1]["mean_batch"][0]
     assert [len(seq) for seq in results["lbbsp-narx"][0]["recovery"]] == [8], "one change with 8 steps after it"
-    assert "Step efficiency after each change of contention" in out and "| lbbsp-narx | 2 |" in out
+    assert results["lbbsp-narx"][0]["recovery_kinds"] == ["slower"], "the quota cut at step 18"
+    assert "Step efficiency after each change of contention" in out and "| lbbsp-narx | slower | 2 |" in out
     assert (tmp_path / "out" / "tiny" / "epoch_time_and_idle.png").stat().st_size > 1000
     assert (tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "steps_rank1.csv").exists()
     again = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
