@@ -11,6 +11,7 @@ p99 per policy and cluster size over the decisions of every seed (each a
 run of its own), after `--skip` warm-up decisions per run.
 """
 import argparse
+import functools
 import sys
 import time
 
@@ -20,11 +21,12 @@ from lbbsp import exchange
 from lbbsp.controller import BalanceController
 from lbbsp.policies import LBBSPPolicy, make_policy
 
+from .variants import LBBSP_CONFIGS
+
 __all__ = ["decision_times", "main"]
 
-POLICIES = {"pid": lambda: make_policy("pid"), "lbbsp": LBBSPPolicy,
-            "lbbsp-mean": lambda: LBBSPPolicy(variance_aware=False),
-            "lbbsp-va": lambda: LBBSPPolicy(variance_aware=True)}
+POLICIES = dict({"pid": lambda: make_policy("pid"), "lbbsp": LBBSPPolicy},
+                **{name: functools.partial(LBBSPPolicy, **config) for name, config in LBBSP_CONFIGS.items()})
 
 
 def decision_times(policy, num_workers, steps=600, skip=100, seed=0, per_worker_batch=64):
@@ -67,12 +69,12 @@ def main(argv=None):
     if unknown or any(s < 1 for s in sizes) or not 0 <= args.skip < args.steps - 10:
         parser.error(f"bad arguments: unknown policies {unknown} (allowed {list(POLICIES)}), sizes {sizes} (>= 1), "
                      f"skip {args.skip} (0 .. steps - 11)")
-    print(f"{'workers':>8} {'policy':<10} {'median ms':>10} {'p99 ms':>8}")
+    print(f"{'workers':>8} {'policy':<15} {'median ms':>10} {'p99 ms':>8}")
     for n in sizes:
         for name in names:
             runs = [decision_times(POLICIES[name](), n, args.steps, args.skip, seed) for seed in seeds]
             t = 1e3 * np.concatenate(runs)
-            print(f"{n:>8} {name:<10} {np.median(t):>10.3f} {np.percentile(t, 99):>8.3f}", flush=True)
+            print(f"{n:>8} {name:<15} {np.median(t):>10.3f} {np.percentile(t, 99):>8.3f}", flush=True)
     return 0
 
 

@@ -66,7 +66,7 @@ from lbbsp.policies import LBBSPPolicy
 from predictor.traces import list_traces, read_trace
 
 from .oracle import OraclePolicy
-from .variants import LIVE_ONLY, VARIANTS
+from .variants import LBBSP_CONFIGS, LIVE_ONLY, VARIANTS
 
 __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
 
@@ -200,12 +200,8 @@ def _policy(name, cluster, lag):
         return OraclePolicy(cluster.mean_truth)
     if name == "lagged-mean-oracle":
         return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
-    if name == "lbbsp-va":
-        return LBBSPPolicy(variance_aware=True)
-    if name == "lbbsp-mean":
-        return LBBSPPolicy(variance_aware=False)
-    if name == "lbbsp-noshrink":
-        return LBBSPPolicy(shrink_noise=False)
+    if name in LBBSP_CONFIGS:
+        return LBBSPPolicy(**LBBSP_CONFIGS[name])
     return name
 
 

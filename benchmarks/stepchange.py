@@ -34,6 +34,7 @@ global batch 256, grid 8): about 0.33 ms of CPU per sample and a fixed cost
 of 30 samples.
 """
 import argparse
+import functools
 import sys
 
 import numpy as np
@@ -43,6 +44,8 @@ from lbbsp.controller import BalanceController
 from lbbsp.forecasting import Forecaster
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import LBBSPPolicy, Policy, make_policy
+
+from .variants import LBBSP_CONFIGS
 
 __all__ = ["QuotaWorker", "quotas", "run", "phase_oracle", "main", "MODES", "POLICIES"]
 
@@ -54,7 +57,7 @@ POLICIES = {
     "pid": (lambda: make_policy("pid"), None),
     "lbbsp-ema": (LBBSPPolicy, "ema"),
     "lbbsp-last": (LBBSPPolicy, "last"),
-    "lbbsp-last-mean": (lambda: LBBSPPolicy(variance_aware=False), "last"),
+    "lbbsp-last-mean": (functools.partial(LBBSPPolicy, **LBBSP_CONFIGS["lbbsp-mean"]), "last"),
 }
 
 

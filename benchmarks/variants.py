@@ -1,10 +1,12 @@
 """The variants every benchmark compares: label -> (policy, predictor[, worker options]).
 
 One table for live runs and the simulator; a third element holds extra
-command-line options of benchmarks.worker (live runs only).
+command-line options of benchmarks.worker (live runs only). The simulators
+build the lbbsp configurations they name from LBBSP_CONFIGS; the live worker
+sets the same through its options.
 """
 
-__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY"]
+__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY", "LBBSP_CONFIGS"]
 
 VARIANTS = {
     "horovod": ("horovod", None),      # plain Horovod: hvd.DistributedOptimizer, static shards (live runs only)
@@ -51,3 +53,10 @@ LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-nar
              "lbbsp-narx-q8")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.
 LIVE_DEFAULT = tuple(v for v in VARIANTS if v not in LIVE_ONLY or v in ("horovod", "pid-exact", "lbbsp-narx-exact"))
+
+#: Policy names the simulators (benchmarks.simulate, benchmarks.decision) build as LBBSPPolicy(**config).
+LBBSP_CONFIGS = {
+    "lbbsp-mean": {"variance_aware": False},  # balance the forecast means (--variance-aware false)
+    "lbbsp-va": {"variance_aware": True},  # always balance a high quantile (--variance-aware true)
+    "lbbsp-noshrink": {"shrink_noise": False},  # no noise shrinkage (--no-shrink-noise)
+}
