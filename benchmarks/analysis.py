@@ -84,11 +84,16 @@ def _changes(histories, skip_epochs, steps):
     return eta, at, kinds
 
 
+def _recovered(histories, skip_epochs, steps):
+    """(`recovery`, `recovery_kinds`) from one pass over the records."""
+    eta, at, kinds = _changes(histories, skip_epochs, steps)
+    return [[round(float(v), 4) for v in eta[i:i + steps]] for i in at], kinds
+
+
 def recovery(histories, skip_epochs=1, steps=RECOVERY_STEPS):
     """Per change of contention after the skipped epochs, the step efficiency from that step on (see the
     module docstring): a list of lists of `steps` values; [] without changes or records."""
-    eta, at, _ = _changes(histories, skip_epochs, steps)
-    return [[round(float(v), 4) for v in eta[i:i + steps]] for i in at]
+    return _recovered(histories, skip_epochs, steps)[0]
 
 
 def recovery_kinds(histories, skip_epochs=1, steps=RECOVERY_STEPS):
@@ -114,6 +119,7 @@ def summarize(histories, epochs, num_samples, steps_per_epoch):
         balance = summarize_steps(batches, compute)
         wait, wall = step_matrix(histories, "wait"), step_matrix(histories, "step_time")
         ok = np.all(np.isfinite(wait), axis=1)
+        recovered, kinds = _recovered(histories, 1, RECOVERY_STEPS)
         out.update(
             efficiency=balance["efficiency"],
             straggler=balance["straggler"],
@@ -122,8 +128,8 @@ def summarize(histories, epochs, num_samples, steps_per_epoch):
             mean_batch=[float(v) for v in batches.mean(axis=0)],
             overhead_ms=1e3 * float(np.median(step_matrix(histories, "overhead"))),
             breakdown=breakdown(histories),
-            recovery=recovery(histories),
-            recovery_kinds=recovery_kinds(histories),
+            recovery=recovered,
+            recovery_kinds=kinds,
         )
     else:
         out.update(efficiency=float("nan"), straggler=float("nan"), idle_fraction=float("nan"),
