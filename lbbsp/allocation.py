@@ -363,13 +363,16 @@ def shrink_to_current(speeds, offsets, batches, noise, free):
     shrunk towards its own batches in one call.
     """
     v = np.asarray(speeds, dtype=np.float64)
-    free = np.broadcast_to(np.asarray(free, dtype=bool), v.shape)
-    count = np.count_nonzero(free, axis=-1)[..., None]
+    free = np.asarray(free, dtype=bool)
+    if free.shape != v.shape:
+        free = np.broadcast_to(free, v.shape)
+    count = free.sum(axis=-1, keepdims=True)
     if (count < 2).all():
         return v.copy()
+    share = np.maximum(count, 1)
 
     def free_mean(x):
-        return np.where(free, x, 0.0).sum(axis=-1, keepdims=True) / np.maximum(count, 1)
+        return np.where(free, x, 0.0).sum(axis=-1, keepdims=True) / share
 
     log_v = np.log(v)
     departure = log_v - np.log(np.asarray(offsets, dtype=np.float64) + np.asarray(batches, dtype=np.float64))
@@ -391,7 +394,7 @@ def _floor(lower, multiple, upper=None):
 
 def _finish(batches, speeds, offsets):
     """max_i (k_i + b_i) / v_i for clean speeds and offsets."""
-    return float(np.max((offsets + np.asarray(batches, dtype=np.float64)) / speeds))
+    return float(((offsets + np.asarray(batches, dtype=np.float64)) / speeds).max())
 
 
 def predicted_time(batches, speeds, offsets=None):
@@ -443,13 +446,13 @@ class Rebalancer:
         continuous optimum without bounds, which no split beats. Restarts the damping on `jumped` as
         `update` does. Arguments as in `update`.
         """
-        if jumped is not None and np.any(jumped):
+        if jumped is not None and np.asarray(jumped).any():
             self.start(self._step.size)
         current = np.asarray(current)
-        if not np.all(current > _floor(lower, multiple)):
+        if not (current > _floor(lower, multiple)).all():
             return False
         now = _finish(current, speeds, offsets)
-        bound = (float(current.sum()) + float(np.sum(offsets))) / float(np.sum(speeds))
+        bound = (float(current.sum()) + float(np.asarray(offsets).sum())) / float(np.asarray(speeds).sum())
         return now > 0 and (now - bound) / now <= self.min_gain
 
     def update(self, current, target, speeds, offsets, lower, upper, jumped=None, multiple=1):

@@ -83,7 +83,7 @@ class Hindsight:
         ok = np.isfinite(speeds) & (speeds > 0)
         if not ok.any():
             return
-        times = np.max((np.asarray(offsets, dtype=np.float64)[ok] + splits[:, ok]) / speeds[ok], axis=1)
+        times = ((np.asarray(offsets, dtype=np.float64)[ok] + splits[:, ok]) / speeds[ok]).max(axis=1)
         with np.errstate(all="ignore"):
             relative = np.log(times / times[0])
         if np.isfinite(relative).all():

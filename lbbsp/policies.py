@@ -418,11 +418,12 @@ class LBBSPPolicy(Policy):
             self._bounds = (total, lower, upper, on_grid)
         _, lower, upper, (grid_lower, grid_upper) = self._bounds
         speeds = self.speeds(stats.forecast)
-        shrink = self.shrink_noise
+        # The workers whose departure from the current split's balance may be taken for noise: not at a bound
+        # (the split is not balanced for them there), not just measured to jump.
+        free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
         if self.variance_aware:
-            speeds, shrink = self._plan(speeds, stats.target, total, lower, upper)
-        if shrink:
-            free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
+            speeds = self._plan(speeds, stats.target, total, lower, upper, free)
+        elif self.shrink_noise:
             speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
         if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed,
                                      multiple=self.multiple):
@@ -444,30 +445,38 @@ class LBBSPPolicy(Policy):
                 sizes = dithered(sizes, unknown, sign, self.dither, lower, upper, self.multiple)
         return sizes
 
-    def _plan(self, speeds, target, total, lower, upper):
-        """(speeds, shrink): the speeds to split by when variance-aware, the quantile of the corrected forecasts
-        (True) or the candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered
-        for `target`), and whether the noise shrinkage applies to them (not to the "unshrunk" candidate)."""
+    def _plan(self, speeds, target, total, lower, upper, free):
+        """The speeds to split by when variance-aware: the quantile of the corrected forecasts (True) or the
+        candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered for
+        `target`), shrunk towards the current split for its `free` workers where the noise shrinkage applies
+        (not to the "unshrunk" candidate)."""
         corrected = self.errors.plan(target, speeds, jumped=self.model.changed)
         quantile = tail_speeds(corrected, self.errors.spread)
+        offsets, noise = self.model.offsets, self.model.noise
         if self.variance_aware is True:
-            return quantile, self.shrink_noise
+            return shrink_to_current(quantile, offsets, self.batches, noise, free) if self.shrink_noise else quantile
         named = {"forecast": speeds, "corrected": corrected, "quantile": quantile, "unshrunk": speeds}
         candidates = [named[name] for name in self.candidates]
-        offsets = self.model.offsets
+        best = self.choice.best
         shadows = self._shadows
         if shadows is None or shadows.shape != (len(candidates), self.num_workers):
             shadows = np.tile(self.batches.astype(np.float64), (len(candidates), 1))
-        planned = np.stack(candidates)
         if self.shrink_noise:
-            free = (shadows > lower) & (shadows < upper) & ~self.model.changed
-            free[self._unshrunk] = False
-            planned = shrink_to_current(planned, offsets, shadows, self.model.noise, free)
+            # Each candidate shrunk towards its own last continuous split, and the chosen one, as a last row,
+            # towards the split in use: one call for all rows.
+            shadow_free = (shadows > lower) & (shadows < upper) & ~self.model.changed
+            shadow_free[self._unshrunk] = False
+            rows = shrink_to_current(np.array(candidates + [candidates[best]]), offsets,
+                                     np.concatenate([shadows, self.batches[None]]), noise,
+                                     np.concatenate([shadow_free, (free & ~self._unshrunk[best])[None]]))
+            planned, chosen = rows[:-1], rows[-1]
+        else:
+            planned, chosen = np.array(candidates), candidates[best]
         # A new array: a saved state() keeps the one it was given.
         self._shadows = continuous_split(offsets, planned, total, lower, upper)[0]
         if target is not None:
             self.choice.propose(target, self._shadows)
-        return candidates[self.choice.best], self.shrink_noise and not self._unshrunk[self.choice.best]
+        return chosen
 
     def _refine(self, speeds, total, lower, upper, at_floor):
         """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER

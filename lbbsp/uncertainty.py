@@ -114,7 +114,8 @@ class PlanningError:
         de, dd, pairs = self._fit
         if pairs < self.min_pairs or not dd > 0:
             return 0.0
-        return float(np.clip(de / dd, *self.BIAS_RANGE))
+        low, high = self.BIAS_RANGE
+        return min(max(float(de / dd), low), high)
 
     def plan(self, step, speeds, jumped=None):
         """The speeds to plan global step `step` with: `speeds` (forecasts) corrected by the learnt bias.
@@ -131,7 +132,7 @@ class PlanningError:
         corrected = departure if jumped is None else np.where(jumped, 0.0, departure)
         planned = forecast * np.exp(self.bias * corrected)
         if step is not None:
-            self._planned[int(step)] = np.stack([forecast, planned, departure])
+            self._planned[int(step)] = np.array([forecast, planned, departure])
         return planned
 
     def observe(self, step, measured):
@@ -140,24 +141,23 @@ class PlanningError:
         measured = np.asarray(measured, dtype=np.float64)
         plan = self._planned.pop(int(step), None)
         self._planned = {s: v for s, v in self._planned.items() if s > step}
-        if plan is not None and plan.shape[1:] == self._moments.shape[1:]:
-            forecast, planned, departure = plan
-            with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # a worker without a measurement (NaN or 0) is masked out below
+            if plan is not None and plan.shape[1:] == self._moments.shape[1:]:
+                forecast, planned, departure = plan
                 raw, error = np.log(measured / forecast), np.log(measured / planned)
-            ok = np.isfinite(error) & np.isfinite(raw)
-            raw = np.clip(raw[ok], -self.max_error, self.max_error)
-            d = departure[ok]
-            self._fit = self._fit * self.forgetting + np.array([d @ raw, d @ d, d.size])
-            error = np.clip(np.where(ok, error, 0.0), -self.max_error, self.max_error)
-            square, one = error * error, np.ones_like(error)
-            self._moments = np.where(ok, self._moments * self._decay + np.stack([one, one, square, square * square]),
-                                     self._moments)
-        if measured.shape == self._level.shape:
-            with np.errstate(all="ignore"):
+                ok = np.isfinite(error) & np.isfinite(raw)
+                raw = raw[ok].clip(-self.max_error, self.max_error)
+                d = departure[ok]
+                self._fit = self._fit * self.forgetting + np.array([d @ raw, d @ d, d.size])
+                error = np.where(ok, error, 0.0).clip(-self.max_error, self.max_error)
+                square, one = error * error, np.ones_like(error)
+                self._moments = np.where(ok, self._moments * self._decay +
+                                         np.array([one, one, square, square * square]), self._moments)
+            if measured.shape == self._level.shape:
                 x = np.log(measured)
-            fresh = np.isfinite(x)
-            self._level = np.where(fresh & np.isfinite(self._level), self._level + self.level_rate * (x - self._level),
-                                   np.where(fresh, x, self._level))
+                fresh = np.isfinite(x)
+                self._level = np.where(fresh & np.isfinite(self._level),
+                                       self._level + self.level_rate * (x - self._level), np.where(fresh, x, self._level))
 
     @property
     def spread(self):
@@ -168,7 +168,7 @@ class PlanningError:
             return np.zeros(weight.size)
         weight, weight2, s2, s4 = weight[seen], weight2[seen], s2[seen], s4[seen]
         mean = s2 / weight  # each worker's mean square
-        pooled = float(np.mean(mean))
+        pooled = float(mean.sum() / mean.size)  # np.mean's value, at a third of its cost
         # Sampling variance of that mean: the variance of e^2 (at least a normal error's, 2 pooled^2, so that a
         # worker with one or two errors is not taken as exact) over the effective count.
         sampling = np.maximum(s4 / weight - mean ** 2, 2.0 * pooled ** 2) * weight2 / weight ** 2

@@ -25,3 +25,16 @@ def test_noise_goes_to_the_centre_and_real_differences_stay():
     assert abs(shrunk[:100].mean() - 1.0) < 0.05 and abs(shrunk[100:].mean() - 5.0) < 0.05
     assert np.array_equal(shrink_towards(2.0, np.array([1.0, 3.0]), np.zeros(2)), [1.0, 3.0])  # exact: kept
     assert np.array_equal(shrink_towards(2.0, np.array([2.0, 2.0]), np.zeros(2)), [2.0, 2.0])  # tau^2 = 0 = s^2
+
+
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(0.0, 1e6)), min_size=1, max_size=40),
+       st.floats(-1e6, 1e6))
+@settings(max_examples=200, deadline=None)
+def test_the_between_variance_is_numpys_bit_for_bit(pairs, center):
+    """The per-step path writes np.var and np.mean out; every rank, and replays of recorded runs, rely on
+    the same numbers as before."""
+    estimates, variances = (np.array(c) for c in zip(*pairs))
+    tau2 = max(float(np.var(estimates)) - float(np.mean(variances)), 0.0)
+    total = tau2 + variances
+    keep = np.divide(tau2, total, out=np.zeros_like(total), where=total > 0)
+    assert np.array_equal(shrink_towards(center, estimates, variances), center + keep * (estimates - center))

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbsp.steptime import StepTimeModel, _pool
+from lbbsp.steptime import StepTimeModel, _median, _pool
 
 
 def feed(model, batches, v, k, noise=0.0, seed=0):
@@ -197,3 +197,10 @@ def test_pooled_fits_lie_between_each_fit_and_the_mean(fits):
     assert np.all(shrunk >= low - 1e-9) and np.all(shrunk <= high + 1e-9)
     again = _pool(estimates.copy(), errors.copy())
     assert again[0] == pooled and np.array_equal(again[1], shrunk)  # bit for bit: every rank decides alike
+
+
+@given(st.lists(st.floats(0.0, 1e9), min_size=1, max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_median_is_numpys(values):
+    x = np.array(values)
+    assert _median(x) == np.median(x)
