@@ -193,13 +193,14 @@ def _round(x, total, k, v, lower, upper):
     # The greedy takes the `left` smallest of all candidate finish times (k_i + base_i + m) / v_i,
     # m = 1, 2, ...; per worker these increase, so a few candidates per worker suffice unless one
     # worker takes them all, in which case more are generated.
-    depth = 4
+    depth, start, room = 4, k + base, upper - base
     while True:
-        m = np.arange(1, depth + 1)
-        room = (upper - base)[:, None] >= m[None, :]
-        times = (k[:, None] + base[:, None] + m[None, :]) / v[:, None]
-        workers = np.broadcast_to(np.arange(base.size)[:, None], times.shape)
-        t, w = times[room], workers[room]
+        times = (start[:, None] + np.arange(1.0, depth + 1.0)) / v[:, None]
+        if (room >= depth).all():  # the usual case: no mask to apply (it costs as much as the rest)
+            t, w = times.reshape(-1), np.repeat(np.arange(base.size), depth)
+        else:
+            fits = room[:, None] >= np.arange(1, depth + 1)
+            t, w = times[fits], np.broadcast_to(np.arange(base.size)[:, None], times.shape)[fits]
         chosen = np.bincount(w[_smallest(t, w, left)], minlength=base.size)
         if chosen.max() < depth or depth >= left:
             return base + chosen
