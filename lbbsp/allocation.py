@@ -163,14 +163,14 @@ def _clipped_split(k, v, total, lower, upper, T):
     for _ in range(_NEWTON_STEPS):
         b = v * T - k
         lo, hi = b < lower, b > upper
-        if held_lo is not None and np.array_equal(lo, held_lo) and np.array_equal(hi, held_hi):
-            return np.clip(b, lower, upper), float(T)
+        if held_lo is not None and (lo == held_lo).all() and (hi == held_hi).all():
+            return b.clip(lower, upper), float(T)
         free = ~(lo | hi)
-        slope = np.sum(v * free)  # numpy's own sums, not BLAS: the same bits on every rank's CPU
+        slope = (v * free).sum()  # numpy's own sums, not BLAS: the same bits on every rank's CPU
         if not slope > 0:
             break
         held_lo, held_hi = lo, hi
-        T = (total - np.sum(lower * lo) - np.sum(upper * hi) + np.sum(k * free)) / slope
+        T = (total - (lower * lo).sum() - (upper * hi).sum() + (k * free).sum()) / slope
     # Newton may cycle where f bends both ways (workers at both bounds) or rounding sits on a bound:
     # then find T among the sorted breakpoints where a worker leaves or reaches a bound.
     cand, f = _filled_at_breakpoints((lower + k) / v, (upper + k) / v, v, float(lower.sum()))
@@ -181,12 +181,12 @@ def _clipped_split(k, v, total, lower, upper, T):
         return lower.astype(np.float64), float(cand[0])
     t0, t1, f0, f1 = cand[j - 1], cand[j], f[j - 1], f[j]
     T = t1 if f1 == f0 else t0 + (total - f0) * (t1 - t0) / (f1 - f0)
-    return np.clip(v * T - k, lower, upper), float(T)
+    return (v * T - k).clip(lower, upper), float(T)
 
 
 def _round(x, total, k, v, lower, upper):
     """Floors of `x`, then each remaining sample to argmin_i (k_i + b_i + 1) / v_i (ties: lower index)."""
-    base = np.clip(np.floor(x + 1e-9).astype(np.int64), lower, upper)
+    base = np.floor(x + 1e-9).astype(np.int64).clip(lower, upper)
     left = int(total - base.sum())
     if left <= 0:
         return base
@@ -213,8 +213,8 @@ def _smallest(t, w, count):
     if count >= t.size:
         return np.arange(t.size)
     threshold = np.partition(t, count - 1)[count - 1]
-    below = np.flatnonzero(t < threshold)
-    ties = np.flatnonzero(t == threshold)
+    below = (t < threshold).nonzero()[0]
+    ties = (t == threshold).nonzero()[0]
     return np.concatenate([below, ties[np.argsort(w[ties], kind="stable")[:count - below.size]]])
 
 
@@ -317,7 +317,7 @@ def _allocate_within(speeds, offsets, total, lower, upper, near, max_change):
     """The optimal integer split within the bounds, narrowed to the trust region around `near` where it fits."""
     if near is not None:
         near = np.asarray(near, dtype=np.float64)
-        if near.shape == speeds.shape and abs(near.sum() - total) < 1 and np.all(np.asarray(max_change) > 1):
+        if near.shape == speeds.shape and abs(near.sum() - total) < 1 and (np.asarray(max_change) > 1).all():
             low = np.maximum(lower, np.floor(near / max_change).astype(np.int64))
             high = np.minimum(upper, np.ceil(near * max_change).astype(np.int64) + 1)
             if low.sum() <= total <= high.sum():
