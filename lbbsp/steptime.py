@@ -185,9 +185,9 @@ class StepTimeModel:
 
     def _update(self, b, t):
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
-        resid = np.log(t / ((self.offsets + b) / self.speeds))  # self.predict(b), inline on the per-step path
+        resid = np.log(t / self.predict(b))
         known = ok & np.isfinite(resid)
-        self.changed = known & (np.abs(resid) > np.maximum(self.change, 4.0 * np.sqrt(self._resid)))
+        self.changed = known & (np.abs(resid) > self.threshold)
         steady = known & ~self.changed
         self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
         b0, t0 = self._last
