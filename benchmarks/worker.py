@@ -24,6 +24,8 @@ import numpy as np
 from lbbsp.policies import POLICIES, LBBSPPolicy
 
 POLICY_CHOICES = tuple(POLICIES) + ("horovod", "oracle")
+#: The LoadBalancer's warm-up steps of every policy but the oracle (whose splits use no timing).
+WARMUP_STEPS = 2
 
 
 def parse(argv=None):
@@ -81,6 +83,17 @@ def parse(argv=None):
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
+
+
+def make_policy(args):
+    """The policy of parsed options, as the LoadBalancer takes it: a name, or an LBBSPPolicy with the lbbsp
+    options (left at their defaults they give what the name "lbbsp" makes). Not the oracle, which needs curves."""
+    if args.policy != "lbbsp":
+        return args.policy
+    aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
+    return LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
+                       model={"pool": not args.no_pool_offsets}, candidates=args.candidates,
+                       calibration=args.calibration)
 
 
 class ScenarioDriver:
@@ -249,12 +262,7 @@ def main(argv=None):
             feed = lb.BalancedFeed.from_function(fetch, len(x), global_batch=scenario.global_batch, seed=args.seed,
                                                  batch_multiple=args.batch_multiple)
         data, steps = feed.dataset(), feed.steps_per_epoch
-        policy, warmup = args.policy, 2
-        if args.policy == "lbbsp":  # the options left at their defaults give what the name "lbbsp" makes
-            aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
-            policy = LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
-                                 model={"pool": not args.no_pool_offsets}, candidates=args.candidates,
-                                 calibration=args.calibration)
+        policy, warmup = make_policy(args), WARMUP_STEPS
         if args.policy == "oracle":  # the oracle needs no warm-up: it uses no timing
             from .oracle import CurveBook, OraclePolicy, load_curves
 

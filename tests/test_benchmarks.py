@@ -11,11 +11,13 @@ import pytest
 from benchmarks.analysis import breakdown, recovery, recovery_kinds, summarize
 from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
+from benchmarks.replay import replay
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
 from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate
 from lbbsp.allocation import tail_speeds
 from lbbsp.controller import BalanceController
+from lbbsp.metrics import balanced_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,9 +145,21 @@ def test_reachable_ideal_under_the_measured_noise():
     assert best < plain
     assert book.noisy_reachable_step(3, 64) == pytest.approx((finish(best, 0.5) + finish(best, 1.5)) / 2, rel=0.02)
     assert book.noisy_reachable_step(3, 64) > book.reachable_step(3, 64)
+    # The efficiency that split shows under the same noise: below 1, since the draw unbalances its steps.
+    balanced, slowest = book.noisy_ideal_efficiency(3, 64)
+    split = np.array([64 - best, best])
+    compute = (k + split) / v * np.array([[1.0, 0.5], [1.0, 1.5]])
+    assert slowest / len(noisy) == pytest.approx(book.noisy_reachable_step(3, 64))
+    assert balanced / slowest == pytest.approx(balanced_time(np.stack([split, split]), compute).sum() /
+                                               compute.max(axis=1).sum(), rel=0.05)
+    assert balanced / slowest < 0.9
+    balanced, slowest = CurveBook(s, curves, quiet).noisy_ideal_efficiency(3, 64)
+    assert balanced / slowest > 0.99
     book = CurveBook(s, curves, noisy[:MIN_NOISE_STEPS - 1] + [noisy[0][:1]])  # too few; one step lacks a worker
     with pytest.raises(ValueError, match=f"{MIN_NOISE_STEPS - 1} measured steps"):
         book.noisy_reachable_step(3, 64)
+    with pytest.raises(ValueError, match=f"{MIN_NOISE_STEPS - 1} measured steps"):
+        book.noisy_ideal_efficiency(3, 64)
 
 
 def test_simulator_at_1024_workers_uses_the_real_policy_code():
@@ -329,11 +343,26 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
     assert again.returncode == 0 and not re.search(r"^\d/8 ", again.stdout, flags=re.M), again.stdout[-4000:]
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert rows == [line for line in again.stdout.splitlines() if line.startswith("| ")], "the same tables anew"
-    assert "| *reachable ideal, measured noise* |" in out
+    assert "| *reachable ideal, measured noise* |" in out and "Eta of the measured-noise ideal's split" in out
+    # Offline, the rows the ranks gathered give every decision they took, bit for bit.
+    for variant in ("lbbsp-narx", "equal"):
+        replayed = subprocess.run([sys.executable, "-m", "benchmarks.replay",
+                                   str(tmp_path / "out" / "tiny" / variant / "r1")],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert replayed.returncode == 0, replayed.stdout[-4000:]
+        assert re.search(rf"^{variant}: ([1-9]\d*) of \1 decisions match", replayed.stdout, flags=re.M), replayed.stdout
+        assert (" choice " in replayed.stdout) == (variant == "lbbsp-narx"), "what lbbsp's choice in hindsight saw"
     missing = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
                               str(tmp_path / "none"), "--table-only"],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert missing.returncode == 2 and "results.json" in missing.stdout
+
+
+def test_replay_refuses_a_folder_without_steps_and_a_variant_without_timed_splits(tmp_path):
+    with pytest.raises(ValueError, match="holds no steps_rank"):
+        replay(str(tmp_path))
+    with pytest.raises(ValueError, match="variant='horovod' is not allowed"):
+        replay(str(tmp_path), variant="horovod")
 
 
 def test_pipeline_benchmark_compares_both_pipelines_without_horovod(tmp_path):

@@ -1,0 +1,141 @@
+"""Replay a live run's gathered rows through the controller, offline, and show what each decision saw.
+
+    python -m benchmarks.replay results/step-change-2/lbbsp-narx/r0
+    python -m benchmarks.replay results/static-4/pid/r1 --variant pid --steps 40-60
+
+Every rank decides from the gathered rows alone (lbbsp.exchange: each rank's
+forecast, wait and compute time, exchanged as float32) and the batch sizes it
+ran, and a run's per-rank step CSVs hold both. Fed the same rows, a BalanceController built
+as benchmarks.worker builds it for the variant (benchmarks.variants) makes
+the same decisions; the replay checks that it does, against the batch sizes
+the ranks then ran, and prints for each step what the decision saw: the
+split run and the split decided, each worker's batch-free speed, fixed cost
+and change threshold, the workers whose speed the step-time model saw jump,
+and, for lbbsp's choice in hindsight, the candidate taken, the candidates'
+scores and the planning-error spreads. A recovery slower than it should be
+can then be traced to its cause without running the cluster again.
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+from lbbsp import exchange
+from lbbsp.allocation import default_multiple
+from lbbsp.controller import BalanceController
+from lbbsp.sharding import EpochSchedule
+
+from .variants import VARIANTS
+from .worker import WARMUP_STEPS, make_policy, parse
+
+__all__ = ["load_run", "replay", "main"]
+
+
+def load_run(run_dir):
+    """The per-step records of every rank of a run: {column: array of shape (steps, ranks)} for the columns a
+    decision reads (epoch, step, global_batch, batch_size, forecast, wait, compute, next_batch_size)."""
+    paths = sorted(glob.glob(os.path.join(run_dir, "steps_rank*.csv")),
+                   key=lambda p: int(os.path.basename(p)[len("steps_rank"):-len(".csv")]))
+    if not paths:
+        raise ValueError(f"run_dir={run_dir!r} holds no steps_rank*.csv: give the folder of one run "
+                         "(benchmarks.compare writes <out>/<scenario>/<variant>/r<round>)")
+    ranks = []
+    for path in paths:
+        with open(path, newline="") as fh:
+            ranks.append(list(csv.DictReader(fh)))
+    steps = min(len(rows) for rows in ranks)
+    columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "wait", "compute", "next_batch_size")
+    return {name: np.array([[float(rows[i][name]) for rows in ranks] for i in range(steps)]) for name in columns}
+
+
+def replay(run_dir, variant="lbbsp-narx", plan_ahead=1, batch_multiple=None):
+    """Feed a run's gathered rows to a controller built for `variant`; returns (per-step records, number of
+    decisions that match the split the ranks ran, number of decisions checked)."""
+    if variant not in VARIANTS or VARIANTS[variant][0] in ("horovod", "oracle"):
+        allowed = [v for v, spec in VARIANTS.items() if spec[0] not in ("horovod", "oracle")]
+        raise ValueError(f"variant={variant!r} is not allowed: give one whose splits come from timings, {allowed}")
+    policy_name, predictor, *options = VARIANTS[variant]
+    args = parse(["--scenario", "replay", "--policy", policy_name, "--out-dir", run_dir] +
+                 (["--predictor", predictor] if predictor else []) + (list(options[0]) if options else []))
+    run = load_run(run_dir)
+    epoch, step = run["epoch"][:, 0].astype(int), run["step"][:, 0].astype(int)
+    global_batch = run["global_batch"][:, 0].astype(int)
+    n = run["batch_size"].shape[1]
+    first = epoch == epoch[0]
+    schedule = EpochSchedule.from_steps(global_batch[first])
+    if args.batch_multiple is not None:
+        batch_multiple = args.batch_multiple
+    grid = batch_multiple or default_multiple(int(global_batch[0]), n)
+    finest = batch_multiple or default_multiple(int(global_batch[0]), n, steps=16)
+    controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=plan_ahead)
+    controller.start(n, schedule, multiple=grid, finest_multiple=finest)
+    policy = controller.policy
+    gathered = exchange.empty(n)
+    records, matched, checked = [], 0, 0
+    ahead = 1 + plan_ahead
+    for i in range(len(epoch)):
+        # The rows travel as float32 (lbbsp.keras.optimizer); the CSVs hold the float64 values before that.
+        for field, column in ((0, "forecast"), (1, "wait"), (2, "compute")):
+            gathered[:, field] = run[column][i].astype(np.float32)
+        ran = run["batch_size"][i].astype(np.int64)
+        _, decided, _ = controller.decide(int(epoch[i]), int(step[i]), gathered, ran)
+        record = {"epoch": int(epoch[i]), "step": int(step[i]), "ran": ran.tolist(), "decided": decided.tolist()}
+        if i + ahead < len(epoch):
+            checked += 1
+            record["match"] = bool(np.array_equal(run["batch_size"][i + ahead].astype(np.int64), decided))
+            matched += record["match"]
+        model = policy.model
+        if model is not None:
+            record.update(speed=model.speeds.tolist(), offset=model.offsets.tolist(),
+                          threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist())
+        if getattr(policy, "variance_aware", None) == "auto":
+            record.update(choice=policy.candidates[policy.choice.best], scores=policy.choice.scores.tolist(),
+                          spread=policy.errors.spread.tolist())
+        records.append(record)
+    return records, matched, checked
+
+
+def _line(r):
+    text = f"{r['epoch']:>3} {r['step']:>3}  ran {r['ran']} -> {r['decided']}"
+    text += "" if "match" not in r else ("" if r["match"] else "  MISMATCH")
+    if "speed" in r:
+        text += (f"  speed {np.round(r['speed']).tolist()} k {np.round(r['offset'], 1).tolist()} "
+                 f"threshold {np.round(r['threshold'], 2).tolist()}" + (f" jumped {r['jumped']}" if r["jumped"] else ""))
+    if "choice" in r:
+        text += f"  choice {r['choice']} scores {np.round(r['scores'], 3).tolist()} spread {np.round(r['spread'], 2).tolist()}"
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="one run's folder (with steps_rank*.csv)")
+    parser.add_argument("--variant", help="the variant that ran (default: read from the folder's path, else "
+                                          "lbbsp-narx)")
+    parser.add_argument("--plan-ahead", type=int, default=1)
+    parser.add_argument("--steps", help="print only global steps FROM-TO (counted from the first step)")
+    parser.add_argument("--json", help="also write every step's record to this JSON file")
+    args = parser.parse_args(argv)
+    variant = args.variant or os.path.basename(os.path.dirname(os.path.normpath(args.run_dir)))
+    if args.variant is None and variant not in VARIANTS:
+        variant = "lbbsp-narx"
+    try:
+        low, high = (int(v) for v in args.steps.split("-")) if args.steps else (0, sys.maxsize)
+        records, matched, checked = replay(args.run_dir, variant, args.plan_ahead)
+    except ValueError as exc:
+        parser.error(f"{exc} (--steps takes FROM-TO, e.g. 40-60)" if "int()" in str(exc) else str(exc))
+    for index, record in enumerate(records):
+        if low <= index <= high:
+            print(f"{index:>4} {_line(record)}")
+    print(f"{variant}: {matched} of {checked} decisions match the split the ranks ran")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(records, fh)
+    return 0 if matched == checked else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
