@@ -29,6 +29,8 @@ VARIANTS = {
     "lbbsp-narx-shrunk": ("lbbsp", "narx", ("--candidates", "forecast,corrected,quantile")),
     # no dither of the first splits: the fixed costs are identified only where the split moves on its own
     "lbbsp-narx-nocal": ("lbbsp", "narx", ("--calibration", "0")),
+    # a wider trust region: a batch may triple in one decision without a measured jump (the default doubles)
+    "lbbsp-narx-mc3": ("lbbsp", "narx", ("--max-change", "3")),
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),
@@ -48,7 +50,7 @@ VARIANTS = {
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
 LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "lbbsp-narx-mean",
-             "lbbsp-narx-unpooled", "lbbsp-narx-shrunk", "lbbsp-narx-nocal",
+             "lbbsp-narx-unpooled", "lbbsp-narx-shrunk", "lbbsp-narx-nocal", "lbbsp-narx-mc3",
              "pid-exact", "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
              "lbbsp-narx-q8")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.

@@ -12,12 +12,16 @@ from benchmarks.analysis import breakdown, recovery, recovery_kinds, summarize
 from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.replay import replay
+from benchmarks.variants import VARIANTS
+from benchmarks.worker import make_policy
+from benchmarks.worker import parse as parse_worker
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
 from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate
 from lbbsp.allocation import tail_speeds
 from lbbsp.controller import BalanceController
 from lbbsp.metrics import balanced_time
+from lbbsp.policies import LBBSPPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -259,8 +263,6 @@ def test_simulator_gives_median_and_range_over_seeds(capsys):
 
 
 def test_decision_benchmark_times_every_policy():
-    from lbbsp.policies import LBBSPPolicy
-
     times = decision_times(LBBSPPolicy(variance_aware=True), 8, steps=40, skip=10)
     assert times.shape == (30,) and np.all(times > 0)
 
@@ -432,3 +434,28 @@ def test_recorder_fixed_cost_from_random_batches():
     time[::97] *= 5  # stalls
     assert fixed_cost(batch, time) == pytest.approx(k, rel=0.2)
     assert fixed_cost(np.full(10, 64), np.full(10, 0.1)) == 0.0
+
+
+def test_every_live_variant_parses_and_builds_its_policy():
+    for label, (policy, predictor, *options) in VARIANTS.items():
+        argv = ["--scenario", "static-4", "--policy", policy, "--out-dir", "x"] + \
+            (["--predictor", predictor] if predictor else []) + (list(options[0]) if options else [])
+        if policy == "oracle":
+            argv += ["--curves", "curves.json"]
+        args = parse_worker(argv)
+        if policy == "lbbsp":
+            assert isinstance(make_policy(args), LBBSPPolicy), label
+    assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x",
+                                     "--max-change", "3"])).max_change == 3.0
+    assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x"])).max_change == \
+        LBBSPPolicy().max_change
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "lbbsp", "--max-change", "1"], "max_change=1.0 is not allowed"),
+    (["--policy", "pid", "--max-change", "3"], "--max-change is an option of --policy lbbsp"),
+])
+def test_worker_options_refuse_a_bad_trust_region(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_worker(["--scenario", "x", "--out-dir", "x"] + argv)
+    assert message in capsys.readouterr().err
