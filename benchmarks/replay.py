@@ -1,16 +1,17 @@
 """Replay a live run's gathered rows through the controller, offline, and show what each decision saw.
 
     python -m benchmarks.replay results/step-change-2/lbbsp-narx/r0
-    python -m benchmarks.replay results/static-4/pid/r1 --variant pid --steps 40-60
+    python -m benchmarks.replay results/static-4/pid/r1 --steps 40-60
 
 Every rank decides from the gathered rows alone (lbbsp.exchange: each rank's
-forecast, wait and compute time, exchanged as float32) and the batch sizes it
-ran, and a run's per-rank step CSVs hold both. Fed the same rows, a BalanceController built
-as benchmarks.worker builds it for the variant (benchmarks.variants) makes
-the same decisions; the replay checks that it does, against the batch sizes
-the ranks then ran, and prints for each step what the decision saw: the
-split run and the split decided, each worker's batch-free speed, fixed cost
-and change threshold, the workers whose speed the step-time model saw jump,
+forecast, wait and compute time, exchanged as float32) and the batch sizes
+it ran, and a run's per-rank step CSVs hold both. Fed the same rows, a
+BalanceController built as benchmarks.worker builds it for the variant
+(benchmarks.variants; by default the one the folder's path names) makes the
+same decisions. The replay checks that it does, against the batch sizes the
+ranks then ran, and prints for each step what the decision saw: the split
+run and the split decided, each worker's batch-free speed, fixed cost and
+change threshold, the workers whose speed the step-time model saw jump,
 and, for lbbsp's choice in hindsight, the candidate taken, the candidates'
 scores and the planning-error spreads. A recovery slower than it should be
 can then be traced to its cause without running the cluster again.
@@ -37,7 +38,7 @@ __all__ = ["load_run", "replay", "main"]
 
 def load_run(run_dir):
     """The per-step records of every rank of a run: {column: array of shape (steps, ranks)} for the columns a
-    decision reads (epoch, step, global_batch, batch_size, forecast, wait, compute, next_batch_size)."""
+    decision reads (epoch, step, global_batch, batch_size, forecast, wait, compute)."""
     paths = sorted(glob.glob(os.path.join(run_dir, "steps_rank*.csv")),
                    key=lambda p: int(os.path.basename(p)[len("steps_rank"):-len(".csv")]))
     if not paths:
@@ -48,13 +49,14 @@ def load_run(run_dir):
         with open(path, newline="") as fh:
             ranks.append(list(csv.DictReader(fh)))
     steps = min(len(rows) for rows in ranks)
-    columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "wait", "compute", "next_batch_size")
+    columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "wait", "compute")
     return {name: np.array([[float(rows[i][name]) for rows in ranks] for i in range(steps)]) for name in columns}
 
 
-def replay(run_dir, variant="lbbsp-narx", plan_ahead=1, batch_multiple=None):
-    """Feed a run's gathered rows to a controller built for `variant`; returns (per-step records, number of
-    decisions that match the split the ranks ran, number of decisions checked)."""
+def replay(run_dir, variant="lbbsp-narx"):
+    """Feed a run's gathered rows to a controller built for `variant` (its policy, plan_ahead and batch grid as
+    benchmarks.worker sets them); returns (per-step records, decisions that match the split the ranks ran,
+    decisions checked)."""
     if variant not in VARIANTS or VARIANTS[variant][0] in ("horovod", "oracle"):
         allowed = [v for v, spec in VARIANTS.items() if spec[0] not in ("horovod", "oracle")]
         raise ValueError(f"variant={variant!r} is not allowed: give one whose splits come from timings, {allowed}")
@@ -67,16 +69,15 @@ def replay(run_dir, variant="lbbsp-narx", plan_ahead=1, batch_multiple=None):
     n = run["batch_size"].shape[1]
     first = epoch == epoch[0]
     schedule = EpochSchedule.from_steps(global_batch[first])
-    if args.batch_multiple is not None:
-        batch_multiple = args.batch_multiple
-    grid = batch_multiple or default_multiple(int(global_batch[0]), n)
-    finest = batch_multiple or default_multiple(int(global_batch[0]), n, steps=16)
-    controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=plan_ahead)
+    # The grid and its finest refinement as lbbsp.feed.BalancedFeed takes them from batch_multiple.
+    grid = args.batch_multiple or default_multiple(int(global_batch[0]), n)
+    finest = args.batch_multiple or default_multiple(int(global_batch[0]), n, steps=16)
+    controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=args.plan_ahead)
     controller.start(n, schedule, multiple=grid, finest_multiple=finest)
     policy = controller.policy
     gathered = exchange.empty(n)
     records, matched, checked = [], 0, 0
-    ahead = 1 + plan_ahead
+    ahead = 1 + args.plan_ahead
     for i in range(len(epoch)):
         # The rows travel as float32 (lbbsp.keras.optimizer); the CSVs hold the float64 values before that.
         for field, column in ((0, "forecast"), (1, "wait"), (2, "compute")):
@@ -101,32 +102,38 @@ def replay(run_dir, variant="lbbsp-narx", plan_ahead=1, batch_multiple=None):
 
 def _line(r):
     text = f"{r['epoch']:>3} {r['step']:>3}  ran {r['ran']} -> {r['decided']}"
-    text += "" if "match" not in r else ("" if r["match"] else "  MISMATCH")
+    text += "  MISMATCH" if r.get("match") is False else ""
     if "speed" in r:
         text += (f"  speed {np.round(r['speed']).tolist()} k {np.round(r['offset'], 1).tolist()} "
-                 f"threshold {np.round(r['threshold'], 2).tolist()}" + (f" jumped {r['jumped']}" if r["jumped"] else ""))
+                 f"threshold {np.round(r['threshold'], 2).tolist()}")
+        text += f" jumped {r['jumped']}" if r["jumped"] else ""
     if "choice" in r:
-        text += f"  choice {r['choice']} scores {np.round(r['scores'], 3).tolist()} spread {np.round(r['spread'], 2).tolist()}"
+        text += (f"  choice {r['choice']} scores {np.round(r['scores'], 3).tolist()} "
+                 f"spread {np.round(r['spread'], 2).tolist()}")
     return text
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="one run's folder (with steps_rank*.csv)")
-    parser.add_argument("--variant", help="the variant that ran (default: read from the folder's path, else "
-                                          "lbbsp-narx)")
-    parser.add_argument("--plan-ahead", type=int, default=1)
+    parser.add_argument("--variant", help="the variant that ran (default: the name of the folder above run_dir, "
+                                          "as benchmarks.compare lays it out, else lbbsp-narx)")
     parser.add_argument("--steps", help="print only global steps FROM-TO (counted from the first step)")
     parser.add_argument("--json", help="also write every step's record to this JSON file")
     args = parser.parse_args(argv)
     variant = args.variant or os.path.basename(os.path.dirname(os.path.normpath(args.run_dir)))
     if args.variant is None and variant not in VARIANTS:
         variant = "lbbsp-narx"
+    low, high = 0, sys.maxsize
+    if args.steps:
+        try:
+            low, high = (int(v) for v in args.steps.split("-"))
+        except ValueError:
+            parser.error(f"--steps={args.steps!r} is not allowed: give FROM-TO, e.g. 40-60")
     try:
-        low, high = (int(v) for v in args.steps.split("-")) if args.steps else (0, sys.maxsize)
-        records, matched, checked = replay(args.run_dir, variant, args.plan_ahead)
+        records, matched, checked = replay(args.run_dir, variant)
     except ValueError as exc:
-        parser.error(f"{exc} (--steps takes FROM-TO, e.g. 40-60)" if "int()" in str(exc) else str(exc))
+        parser.error(str(exc))
     for index, record in enumerate(records):
         if low <= index <= high:
             print(f"{index:>4} {_line(record)}")
