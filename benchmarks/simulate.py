@@ -75,8 +75,7 @@ POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not i
                        **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "lbbsp-narx-mean": ("lbbsp-mean", "narx"),
                           "mean-oracle": ("mean-oracle", None),
                           "lagged-mean-oracle": ("lagged-mean-oracle", None),
-                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx"),
-                          "lbbsp-narx-rise": ("lbbsp-rise", "narx")})
+                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")})
 
 
 def _rolling_mean(x, window):

@@ -58,7 +58,6 @@ POLICIES = {
     "lbbsp-ema": (LBBSPPolicy, "ema"),
     "lbbsp-last": (LBBSPPolicy, "last"),
     "lbbsp-last-mean": (functools.partial(LBBSPPolicy, **LBBSP_CONFIGS["lbbsp-mean"]), "last"),
-    "lbbsp-last-rise": (functools.partial(LBBSPPolicy, **LBBSP_CONFIGS["lbbsp-rise"]), "last"),
 }
 
 

@@ -31,8 +31,6 @@ VARIANTS = {
     "lbbsp-narx-nocal": ("lbbsp", "narx", ("--calibration", "0")),
     # a wider trust region: a batch may triple in one decision without a measured jump (the default doubles)
     "lbbsp-narx-mc3": ("lbbsp", "narx", ("--max-change", "3")),
-    # the step-time model's rise test on: a speed above the worker's recent range twice in a row is a change
-    "lbbsp-narx-rise": ("lbbsp", "narx", ("--rise", "0.35")),
     "oracle": ("oracle", None),        # knows every worker's measured curve for the coming step
     # the input pipeline without read-ahead (the data of a step is prepared when the step starts)
     "lbbsp-narx-noprefetch": ("lbbsp", "narx", ("--prefetch", "0")),
@@ -52,7 +50,7 @@ VARIANTS = {
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
 LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "lbbsp-narx-mean",
-             "lbbsp-narx-unpooled", "lbbsp-narx-shrunk", "lbbsp-narx-nocal", "lbbsp-narx-mc3", "lbbsp-narx-rise",
+             "lbbsp-narx-unpooled", "lbbsp-narx-shrunk", "lbbsp-narx-nocal", "lbbsp-narx-mc3",
              "pid-exact", "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
              "lbbsp-narx-q8")
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.
@@ -63,5 +61,4 @@ LBBSP_CONFIGS = {
     "lbbsp-mean": {"variance_aware": False},  # balance the forecast means (--variance-aware false)
     "lbbsp-va": {"variance_aware": True},  # always balance a high quantile (--variance-aware true)
     "lbbsp-noshrink": {"shrink_noise": False},  # no noise shrinkage (--no-shrink-noise)
-    "lbbsp-rise": {"model": {"rise": 0.35}},  # the step-time model's rise test on (--rise 0.35)
 }

@@ -60,9 +60,6 @@ def parse(argv=None):
     parser.add_argument("--max-change", type=float, default=None,
                         help="lbbsp policy's max_change: the factor a worker's batch may move by in one decision "
                              "unless its speed was measured to jump (default: LBBSPPolicy's)")
-    parser.add_argument("--rise", type=float, default=None,
-                        help="lbbsp policy's step-time model rise test: a speed this far (log) above the worker's "
-                             "recent range, twice in a row, is a change (StepTimeModel rise; default: off)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -79,14 +76,14 @@ def parse(argv=None):
                   (args.no_pool_offsets, "--no-pool-offsets"),
                   (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"),
                   (args.calibration != LBBSPPolicy.CALIBRATION, "--calibration"),
-                  (args.max_change is not None, "--max-change"), (args.rise is not None, "--rise"))
+                  (args.max_change is not None, "--max-change"))
     for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
     try:  # the policy's own check, before horovodrun starts every rank
         make_policy(argparse.Namespace(**dict(vars(args), policy="lbbsp")))
     except ValueError as exc:
-        parser.error(f"--candidates, --calibration, --max-change or --rise: {exc}")
+        parser.error(f"--candidates, --calibration or --max-change: {exc}")
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -100,7 +97,7 @@ def make_policy(args):
     aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
     extra = {} if args.max_change is None else {"max_change": args.max_change}
     return LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
-                       model={"pool": not args.no_pool_offsets, "rise": args.rise}, candidates=args.candidates,
+                       model={"pool": not args.no_pool_offsets}, candidates=args.candidates,
                        calibration=args.calibration, **extra)
 
 

@@ -39,21 +39,6 @@ fits; with fewer (or `pool=False`), a fit is taken alone if precise
 enough (`max_error`), and k otherwise keeps its prior (AdaptDL pins its
 fixed cost the same way while one batch size was seen).
 
-A change of speed is detected when a step's time departs from the one the
-last measurement predicts by more than the worker's noise explains
-(`change`, 4 x its step-to-step spread). A worker that was noisy keeps a
-wide threshold for a while after the noise has gone: a CPU quota under CFS
-throttling scatters steps by 30% and more, and the quota's restore, a rise
-of 2-4x, then hides in that threshold (on 105 live runs the one-step test
-caught every quota cut but missed 40 of 64 restores and 20 of 48 ends of a
-co-located process). With `rise` set, a rise is also a change: a speed
-above the highest of the worker's last `window` steps in its current
-regime by more than `rise` (log), twice in a row, so that one fast step of
-a throttled worker that happened to fit in its quota is not taken for a
-restore. Off by default: it caught 63 of those 64 restores for 0.15% more
-false alarms, but it costs 0.2-0.4 points at 1024 simulated workers whose
-recorded noise persists from step to step (README, "What falls short").
-
 The model is fitted on every rank from the gathered (batch, compute time) of
 every worker, so all ranks hold the same numbers and take the same decisions.
 
@@ -80,10 +65,6 @@ min_error       0.01     timings do not resolve k finer than this fraction of th
 change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
                          step-to-step spread) means the speed changed (a quota cut, a
                          co-located job): that pair is not used for k
-rise            None     log margin above the worker's range of its last `window` steps
-                         that counts as a change when two steps in a row pass it (above);
-                         None: only the one-step test
-window          8        steps of the current regime whose range `rise` is measured from
 max_offset      16       cap on k in units of the worker's mean batch (a step that is
                          almost all fixed cost then gives the worker b_min, as it should)
 offset          0        prior k in samples while it is not identified; 0 makes the split
@@ -118,7 +99,7 @@ class StepTimeModel:
     """Fits k_i and tracks v_i for N workers from per-step (batch, compute seconds) pairs; see the module docstring."""
 
     def __init__(self, forgetting=0.98, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0,
-                 min_error=0.01, pool=True, rise=None, window=8):
+                 min_error=0.01, pool=True):
         self.forgetting = _number("forgetting", forgetting, 0.0, 1.0, low_open=True, high_open=True)
         self.min_spread = _number("min_spread", min_spread, 0.0, 1.0, low_open=True)
         self.max_error = _number("max_error", max_error, 0.0, np.inf, low_open=True, high_open=True)
@@ -129,10 +110,6 @@ class StepTimeModel:
         self.change = _number("change", change, 0.0, np.inf, low_open=True, high_open=True)
         self.max_offset = _number("max_offset", max_offset, 0.0, np.inf, high_open=True)
         self.prior_offset = _number("offset", offset, 0.0, np.inf, high_open=True)
-        self.rise = None if rise is None else _number("rise", rise, 0.0, np.inf, low_open=True, high_open=True)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 3:
-            raise ValueError(f"window={window!r} is not allowed: it must be an integer >= 3")
-        self.window = window
         self.start(1)
 
     def start(self, num_workers):
@@ -146,21 +123,15 @@ class StepTimeModel:
         self.speeds = np.full(n, np.nan)
         self.changed = np.zeros(n, dtype=bool)
         self._resid = np.zeros(n)
-        self._range = np.full((self.window, n), np.nan)  # log batch-free speeds of the current regime, newest first
-        self._rising = np.zeros(n, dtype=bool)  # the last step was above that range
-        self._prev = np.full(n, np.nan)  # the last step's log batch-free speed
         self.updates = 0
 
-    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates", "_range",
-              "_rising", "_prev")
-    #: State a model saved before the rise test existed lacks; loading it starts these anew.
-    _NEW_STATE = ("_range", "_rising", "_prev")
+    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
     #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
     #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
     MIN_POOLED = 3
     #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
     #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last": np.nan, "_range": np.nan, "_prev": np.nan}
+    EMPTY = {"_sums": 0.0, "_last": np.nan}
 
     def state(self):
         """Everything fitted so far (numpy arrays), for checkpoints."""
@@ -171,13 +142,11 @@ class StepTimeModel:
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
-        missing = [name for name in self._STATE if name not in state and name not in self._NEW_STATE]
+        missing = [name for name in self._STATE if name not in state]
         if missing:
             raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
-        fresh = StepTimeModel(rise=self.rise, window=self.window)
-        fresh.start(self.num_workers)
         for name in self._STATE:
-            setattr(self, name, np.copy(state[name] if name in state else getattr(fresh, name)))
+            setattr(self, name, np.copy(state[name]))
 
     @property
     def num_workers(self):
@@ -219,8 +188,6 @@ class StepTimeModel:
         resid = np.log(t / self.predict(b))
         known = ok & np.isfinite(resid)
         self.changed = known & (np.abs(resid) > self.threshold)
-        if self.rise is not None:
-            self._rise(np.log((self.offsets + b) / t), known)
         steady = known & ~self.changed
         self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
         b0, t0 = self._last
@@ -234,26 +201,6 @@ class StepTimeModel:
         self._fit()
         self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
                                self.speeds)
-
-    def _rise(self, x, known):
-        """The rise test (module docstring): flag a second step in a row above the current regime's range, and
-        keep each worker's range of its regime (a changed worker's starts anew; a step above the range waits
-        for the next before it counts)."""
-        fresh = known & np.isfinite(x)
-        seen = np.isfinite(self._range)
-        top = np.where(seen, self._range, -np.inf).max(axis=0)
-        above = fresh & (seen.sum(axis=0) >= 3) & (x > top + self.rise)
-        confirmed = above & self._rising
-        self.changed |= confirmed
-        waiting = above & ~self.changed
-        rolled = np.roll(self._range, 1, axis=0)
-        rolled[0] = x
-        anew = np.full_like(self._range, np.nan)
-        anew[0] = x
-        anew[1] = np.where(confirmed, self._prev, np.nan)  # a confirmed rise: its first step is in the new regime
-        self._range = np.where(self.changed & fresh, anew, np.where(fresh & ~waiting, rolled, self._range))
-        self._rising = waiting
-        self._prev = np.where(fresh, x, self._prev)
 
     def _fit(self):
         w, sbb, szz, szx, szy, syy, sxy, sxx = self._sums

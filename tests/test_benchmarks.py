@@ -449,17 +449,13 @@ def test_every_live_variant_parses_and_builds_its_policy():
                                      "--max-change", "3"])).max_change == 3.0
     assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x"])).max_change == \
         LBBSPPolicy().max_change
-    assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x",
-                                     "--rise", "0.35"])).model.rise == 0.35
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--policy", "lbbsp", "--max-change", "1"], "max_change=1.0 is not allowed"),
     (["--policy", "pid", "--max-change", "3"], "--max-change is an option of --policy lbbsp"),
-    (["--policy", "lbbsp", "--rise", "0"], "rise=0.0 is not allowed"),
-    (["--policy", "dbs", "--rise", "0.35"], "--rise is an option of --policy lbbsp"),
 ])
-def test_worker_options_refuse_a_bad_trust_region_or_rise_test(argv, message, capsys):
+def test_worker_options_refuse_a_bad_trust_region(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_worker(["--scenario", "x", "--out-dir", "x"] + argv)
     assert message in capsys.readouterr().err
