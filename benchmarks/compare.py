@@ -118,19 +118,19 @@ def ideal_rows(scenario, curves, results, steps_per_epoch, epochs, measured=()):
     steps = range(steps_per_epoch, steps_per_epoch * epochs)  # the measured epochs
     reach = float(np.mean([book.reachable_step(s, scenario.global_batch) for s in steps]))
     rows = {"reachable ideal": steps_per_epoch * (reach + comm)}
-    bound = None
+    ideal_eta = None
     try:
         noisy = float(np.mean([book.noisy_reachable_step(s, scenario.global_batch) for s in steps]))
         rows["reachable ideal, measured noise"] = steps_per_epoch * (noisy + comm)
         balanced, slowest = np.sum([book.noisy_ideal_efficiency(s, scenario.global_batch) for s in steps], axis=0)
-        bound = float(balanced / slowest)
+        ideal_eta = float(balanced / slowest)
     except ValueError as exc:
         print(f"no reachable ideal under the measured noise: {exc}", file=sys.stderr)
     split, static = book.best_static_split(list(steps), scenario.global_batch)
     equal = float(np.mean([book.equal_step(s, scenario.global_batch) for s in steps]))
     rows.update({"best static split": steps_per_epoch * (static + comm),
                  "equal (model)": steps_per_epoch * (equal + comm)})
-    return rows, split, comm, bound
+    return rows, split, comm, ideal_eta
 
 
 def table(results, scenario, ideals=None):
@@ -277,14 +277,14 @@ def main(argv=None):
         labels = list(results)
     else:
         results = run_all(scenario, labels, args, out_dir)
-    ideals = bound = None
+    ideals = ideal_eta = None
     if not args.external and len(labels) > 1:
         try:
             measured = measured_steps(out_dir)
             curves = fit_curves(curve_records(measured))
             first = results[labels[0]][0]
-            ideals, split, comm, bound = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
-                                                    len(first["epoch_times"]), measured)
+            ideals, split, comm, ideal_eta = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
+                                                        len(first["epoch_times"]), measured)
             save_curves(os.path.join(out_dir, "curves.json"), curves)
         except ValueError as exc:
             print(f"no reachable ideal: {exc}", file=sys.stderr)
@@ -300,14 +300,14 @@ def main(argv=None):
                  f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); under the measured "
                  f"noise: the split for the expected slowest finish under each step's measured deviations from "
                  f"the curves; best static split {split.tolist()}.")
-    if bound is not None:
-        text += (f" Eta of the measured-noise ideal's split under the measured deviations: {bound:.3f} (the draw "
-                 f"unbalances even the fastest split's steps).")
+    if ideal_eta is not None:
+        text += (f" Eta of the measured-noise ideal's split under the measured deviations: {ideal_eta:.3f} "
+                 f"(the draw unbalances even the fastest split's steps).")
     print(text)
     with open(os.path.join(out_dir, "table.md"), "w") as fh:
         fh.write(text + "\n")
     with open(os.path.join(out_dir, "results.json"), "w") as fh:
-        json.dump({"results": results, "ideals": ideals, "ideal_efficiency": bound}, fh, indent=1)
+        json.dump({"results": results, "ideals": ideals, "ideal_efficiency": ideal_eta}, fh, indent=1)
     if not args.no_plots:
         from .plots import plot_all
         for path in plot_all(out_dir, results):
