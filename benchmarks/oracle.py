@@ -132,38 +132,33 @@ class CurveBook:
     def noisy_reachable_step(self, step, global_batch, b_min=1):
         """The mean compute time of the split that minimises the expected slowest finish at `step`, under the
         deviations of the `measured` steps in the workers' states there (at least MIN_NOISE_STEPS of them)."""
-        return self._noisy_split(step, global_batch, b_min)[1]
+        return self._noisy_ideal(step, global_batch, b_min)[0]
 
     def noisy_ideal_efficiency(self, step, global_batch, b_min=1):
         """(summed balanced time, summed slowest time) of the measured-noise ideal's split at `step` over the
         measured deviations there: their ratio is the efficiency (lbbsp.metrics) that split shows."""
-        _, noise, k, v = self._state_noise(step)
-        split = self._noisy_split(step, global_batch, b_min)[0]
-        compute = (k + split) / v * noise
-        balanced = balanced_time(np.broadcast_to(split, compute.shape), compute)
-        return float(balanced.sum()), float(compute.max(axis=1).sum())
+        return self._noisy_ideal(step, global_batch, b_min)[1]
 
-    def _noisy_split(self, step, global_batch, b_min):
-        """(split, its mean slowest finish) minimising the expected slowest finish under the measured deviations."""
-        states, noise, k, v = self._state_noise(step)
+    def _noisy_ideal(self, step, global_batch, b_min):
+        """(mean slowest finish, (summed balanced, summed slowest time)) of the split that minimises the expected
+        slowest finish under the measured deviations of the workers' states at `step`; once per states."""
+        states = tuple(_key(*self.scenario.state(w, step)) for w in range(self.scenario.workers))
         key = (states, global_batch, b_min)
         if key not in self._noisy:
+            noise = self._noise.get(states)
+            if noise is None or len(noise) < MIN_NOISE_STEPS:
+                found = 0 if noise is None else len(noise)
+                raise ValueError(f"{found} measured steps for the states {states} (need {MIN_NOISE_STEPS})")
+            k, v = self.at(step)
+
             def expected(b):
                 return float(np.mean(np.max((k + b) / v * noise, axis=1)))
 
             split = _local_search(allocate(v, global_batch, b_min, offsets=k), expected, b_min)
-            self._noisy[key] = (split, expected(split))
+            compute = (k + split) / v * noise
+            balanced = balanced_time(np.broadcast_to(split, compute.shape), compute)
+            self._noisy[key] = (expected(split), (float(balanced.sum()), float(compute.max(axis=1).sum())))
         return self._noisy[key]
-
-    def _state_noise(self, step):
-        """(the workers' states at `step`, their measured deviation rows, k, v); ValueError with fewer than
-        MIN_NOISE_STEPS rows."""
-        states = tuple(_key(*self.scenario.state(w, step)) for w in range(self.scenario.workers))
-        noise = self._noise.get(states)
-        if noise is None or len(noise) < MIN_NOISE_STEPS:
-            found = 0 if noise is None else len(noise)
-            raise ValueError(f"{found} measured steps for the states {states} (need {MIN_NOISE_STEPS})")
-        return (states, noise, *self.at(step))
 
     def equal_step(self, step, global_batch):
         k, v = self.at(step)

@@ -26,8 +26,8 @@ import sys
 import numpy as np
 
 from lbbsp import exchange
-from lbbsp.allocation import default_multiple
 from lbbsp.controller import BalanceController
+from lbbsp.feed import grids
 from lbbsp.sharding import EpochSchedule
 
 from .variants import VARIANTS
@@ -69,9 +69,7 @@ def replay(run_dir, variant="lbbsp-narx"):
     n = run["batch_size"].shape[1]
     first = epoch == epoch[0]
     schedule = EpochSchedule.from_steps(global_batch[first])
-    # The grid and its finest refinement as lbbsp.feed.BalancedFeed takes them from batch_multiple.
-    grid = args.batch_multiple or default_multiple(int(global_batch[0]), n)
-    finest = args.batch_multiple or default_multiple(int(global_batch[0]), n, steps=16)
+    grid, finest = grids(int(global_batch[0]), n, args.batch_multiple)  # as the worker's feed sets them
     controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=args.plan_ahead)
     controller.start(n, schedule, multiple=grid, finest_multiple=finest)
     policy = controller.policy

@@ -16,7 +16,7 @@ import numpy as np
 from .allocation import default_multiple, validate_bounds
 from .sharding import EpochSchedule, epoch_permutation, local_indices
 
-__all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
+__all__ = ["BatchFeed", "ArraySource", "FunctionSource", "grids"]
 
 
 def _flatten(structure):
@@ -67,6 +67,15 @@ class FunctionSource:
     def take(self, indices):
         return self.fn(np.asarray(indices, dtype=np.int64))
 
+
+
+def grids(global_batch, size, batch_multiple=None):
+    """(batch grid, finest grid a policy may refine it to) of a feed of `size` workers: `batch_multiple` for
+    both where given (a given grid is kept as it is), else lbbsp.allocation.default_multiple and the default
+    grid that leaves the equal share 16 steps instead of 8 (one halving for B / N = 64)."""
+    if batch_multiple is not None:
+        return batch_multiple, batch_multiple
+    return default_multiple(global_batch, size), default_multiple(global_batch, size, steps=16)
 
 class BatchFeed:
     """This worker's share of every global batch under changing per-worker batch sizes.
@@ -140,17 +149,12 @@ class BatchFeed:
     @property
     def grid(self):
         """The batch grid in use: `batch_multiple`, or the default for this global batch and number of workers."""
-        if self.batch_multiple is not None:
-            return self.batch_multiple
-        return default_multiple(self.global_batch, self.size)
+        return grids(self.global_batch, self.size, self.batch_multiple)[0]
 
     @property
     def finest_grid(self):
-        """The finest grid a policy may refine `grid` to: `batch_multiple` where given (kept as it is), else the
-        default grid that leaves the equal share 16 steps instead of 8 (one halving for B / N = 64)."""
-        if self.batch_multiple is not None:
-            return self.batch_multiple
-        return default_multiple(self.global_batch, self.size, steps=16)
+        """The finest grid a policy may refine `grid` to (see `grids`)."""
+        return grids(self.global_batch, self.size, self.batch_multiple)[1]
 
     @property
     def steps_per_epoch(self):
