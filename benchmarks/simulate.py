@@ -27,7 +27,7 @@ and goes, quota changes, hogs). Noise profiles (what is drawn around it):
 
 Each worker's forecast comes from its own lbbsp.forecasting.Forecaster and
 every decision from lbbsp.controller.BalanceController: the code that runs
-inside the Keras callback. Three references: the clairvoyant oracle knows
+inside the Keras callback. Four references: the clairvoyant oracle knows
 every worker's speed in the coming step (the draw included); the mean oracle
 knows each worker's mean speed at the coming step and the distribution of
 its noise (the profile's spread for "low-noise"; for the others, the spread
@@ -40,11 +40,18 @@ policy can beat the first; the second is reachable by a perfect
 forecaster of the mean where the noise is drawn apart from the mean
 ("recorded", "low-noise"; a causal policy may even pass it there by using
 the noise's autocorrelation, which it ignores); the third by perfect
-knowledge of the present. Reported per (N, profile, policy) (with
+knowledge of the present. The tail oracle knows what the mean oracle
+knows and uses the whole distribution, not only its spread: each worker is
+planned at its own quantile at 1 - 1/N of its time noise, so that every
+worker is about equally likely to be the last. Where the workers' tails
+differ in shape ("recorded": kurtosis 2-17, and a resampled source's tail
+ends at its largest recorded deviation) it shows how far the mean oracle,
+which plans as if every tail were normal, is from the best use of that
+knowledge. Reported per (N, profile, policy) (with
 `--seeds`, the median and range over clusters drawn with each seed), over the
 steps after `--skip` (a variance-aware split learns which workers it
 forecasts worst): eta = (best possible step) / (step taken), as a
-fraction of the mean oracle's too, the speedup over equal batches, and
+fraction of the mean oracle's and of the tail oracle's too, the speedup over equal batches, and
 the decision cost per step. With a wide spread of speeds and many
 workers, the slowest worker takes longer at b_min than the balanced step;
 such a step is "floor-bound" (any split that gives that worker b_min is as
@@ -75,6 +82,7 @@ POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not i
                        **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "lbbsp-narx-mean": ("lbbsp-mean", "narx"),
                           "mean-oracle": ("mean-oracle", None),
                           "lagged-mean-oracle": ("lagged-mean-oracle", None),
+                          "tail-oracle": ("tail-oracle", None),
                           "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")})
 
 
@@ -95,6 +103,8 @@ NOISE_BLOCK = 8
 #: "low-noise": log-normal jitter of this standard deviation and a straggler step (at STRAGGLER_SPEED) with
 #: probability STRAGGLER_RATE.
 LOW_NOISE_JITTER, STRAGGLER_RATE, STRAGGLER_SPEED = 0.03, 0.003, 0.5
+#: Draws of the low-noise profile's noise from which the tail oracle takes its quantile.
+TAIL_DRAWS = 200_000
 #: The standard deviation of log(speed / mean) that this jitter and these stragglers make.
 LOW_NOISE_SPREAD = float(np.sqrt(LOW_NOISE_JITTER ** 2 + STRAGGLER_RATE * (1 - STRAGGLER_RATE)
                                  * np.log(STRAGGLER_SPEED) ** 2))
@@ -154,9 +164,23 @@ class Cluster:
                 self.speed = self.mean * np.exp(np.stack([_blocks(rng, sources[i], steps + 1, NOISE_BLOCK)
                                                           for i in picks], axis=1))
         self.noise = np.log(self.speed / self.mean)
+        self.tail = self._tails(num_workers, [sources[i] for i in picks] if profile != "low-noise" else None, seed)
         self.offset, self.comm, self.profile = float(offset), comm, profile
         self.num_workers, self.steps = num_workers, steps
         self._best = {}
+
+    @staticmethod
+    def _tails(num_workers, sources, seed):
+        """Each worker's quantile at 1 - 1/N of its log time noise (-log(speed / mean)), from its noise's
+        distribution: the source trace's deviations it is resampled from, or for "low-noise" a large draw of
+        that profile's jitter and stragglers (a generator of its own, so the cluster's draws stay as they are)."""
+        level = 1.0 - 1.0 / max(num_workers, 2)
+        if sources is None:
+            rng = np.random.default_rng([seed, TAIL_DRAWS])
+            noise = rng.normal(0.0, LOW_NOISE_JITTER, TAIL_DRAWS) + np.where(
+                rng.random(TAIL_DRAWS) < STRAGGLER_RATE, np.log(STRAGGLER_SPEED), 0.0)
+            return np.full(num_workers, np.quantile(-noise, level))
+        return np.array([np.quantile(-d, level) for d in sources])
 
     def compute_times(self, step, batches):
         return (self.offset + batches) / self.speed[step]
@@ -168,6 +192,11 @@ class Cluster:
     def mean_truth(self, step):
         """(offsets, speeds to plan with) from the mean speeds and the noise spread: the mean oracle's view."""
         return np.full(self.num_workers, self.offset), tail_speeds(self.mean[min(step, self.steps)], self.spread)
+
+    def tail_truth(self, step):
+        """(offsets, speeds to plan with) from the mean speeds and each worker's own noise quantile: the tail
+        oracle's view (the mean oracle's knowledge, with the noise's whole distribution used, not its spread)."""
+        return np.full(self.num_workers, self.offset), self.mean[min(step, self.steps)] * np.exp(-self.tail)
 
     def best_steps(self, global_batch):
         """Per step, the shortest compute time any split reaches (knowing the draw); computed once per batch,
@@ -198,6 +227,8 @@ def _policy(name, cluster, lag):
         return OraclePolicy(cluster.truth)
     if name == "mean-oracle":
         return OraclePolicy(cluster.mean_truth)
+    if name == "tail-oracle":
+        return OraclePolicy(cluster.tail_truth)
     if name == "lagged-mean-oracle":
         return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
     if name in LBBSP_CONFIGS:
@@ -239,15 +270,16 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
 
 
 def _collect(figures, runs, skip):
-    """Add one seed's figures per policy: eta, as a fraction of the mean oracle's and the speedup over equal
-    batches (where those ran), and the decision times."""
+    """Add one seed's figures per policy: eta, as a fraction of the mean and tail oracles' and the speedup over
+    equal batches (where those ran), and the decision times."""
     base = runs["equal"]["step_time"][skip:].mean() if "equal" in runs else None
-    reference = runs["mean-oracle"]["eta"][skip:].mean() if "mean-oracle" in runs else None
+    references = {key: runs[name]["eta"][skip:].mean() for key, name in (("of_mean", "mean-oracle"),
+                                                                           ("of_tail", "tail-oracle")) if name in runs}
     for name, r in runs.items():
         eta = r["eta"][skip:].mean()
         figures[name]["eta"].append(eta)
-        if reference:
-            figures[name]["of_mean"].append(eta / reference)
+        for key, reference in references.items():
+            figures[name][key].append(eta / reference)
         if base:
             figures[name]["speedup"].append(base / r["step_time"][skip:].mean())
         figures[name]["decide"].append(r["decide"])
@@ -267,7 +299,7 @@ def main(argv=None):
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
     parser.add_argument("--profiles", default="recorded,low-noise", help=f"comma-separated, from {PROFILES}")
     parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-mean,lbbsp-narx-va,"
-                                              "oracle,mean-oracle,lagged-mean-oracle")
+                                              "oracle,mean-oracle,lagged-mean-oracle,tail-oracle")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, help="steps left out of the averages while policies learn "
                                                   "(default: 50, or a third of a shorter run)")
@@ -296,12 +328,12 @@ def main(argv=None):
                      f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), "
                      f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0), "
                      f"seeds {seeds} (each once)")
-    print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'speedup':>8} "
-          f"{'decision ms (median/p99)':>26}" + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
+    print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'of tail-oracle':>15} "
+          f"{'speedup':>8} {'decision ms (median/p99)':>26}" + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
     etas = {}
     for n in sizes:
         for profile in profiles:
-            figures = {name: {"eta": [], "of_mean": [], "speedup": [], "decide": []} for name in names}
+            figures = {name: {"eta": [], "of_mean": [], "of_tail": [], "speedup": [], "decide": []} for name in names}
             for seed in seeds:
                 cluster = Cluster(n, args.steps, seed=seed, offset=args.offset, aggregate=args.aggregate,
                                   profile=profile)
@@ -316,7 +348,7 @@ def main(argv=None):
                 etas[(n, profile, name)] = float(np.median(f["eta"]))
                 decide = 1e3 * np.concatenate(f["decide"])
                 print(f"{n:>8} {profile:<10} {name:<18} {_cell(f['eta'], 6)} {_cell(f['of_mean'], 15)} "
-                      f"{_cell(f['speedup'], 7, 2)}{'x' if f['speedup'] else ' '} "
+                      f"{_cell(f['of_tail'], 15)} {_cell(f['speedup'], 7, 2)}{'x' if f['speedup'] else ' '} "
                       f"{np.median(decide):>14.3f} / {np.percentile(decide, 99):.3f}", flush=True)
     if args.plot:
         from .plots import plot_scaling

@@ -189,6 +189,22 @@ def test_mean_oracles_know_the_noise_distribution_not_this_runs_draws(profile):
     assert 0.0 <= stats["floor"] <= 1.0 and stats["spread"] > 0
 
 
+def test_tail_oracle_plans_each_worker_at_its_own_noise_quantile():
+    recorded = Cluster(128, 80, seed=4)
+    # The quantile at 1 - 1/N of each worker's time noise comes from its source's deviations, not this run's draws.
+    np.testing.assert_array_equal(recorded.tail, Cluster(128, 200, seed=4).tail)
+    assert (recorded.tail > 0).all() and np.ptp(recorded.tail / recorded.spread) > 1.0, "tails differ in shape"
+    runs = {name: simulate(recorded, name, None, 512 * 128)["eta"][20:].mean()
+            for name in ("mean-oracle", "tail-oracle", "oracle")}
+    assert runs["mean-oracle"] < runs["tail-oracle"] < runs["oracle"]
+    # Alike tails (one distribution for every worker): the quantile is the same for all, so is the split.
+    low = Cluster(16, 40, seed=4, profile="low-noise")
+    assert np.ptp(low.tail) == 0 and 0.03 < low.tail[0] < 0.1, "at 16 workers, jitter (1.5 sigma)"
+    np.testing.assert_array_equal(*(simulate(low, name, None, 64 * 16)["eta"] for name in ("mean-oracle", "tail-oracle")))
+    tail = Cluster(1024, 20, seed=4, profile="low-noise").tail
+    assert np.log(2) - 0.1 < tail[0] < np.log(2) + 0.1, "at 1024 workers, the stragglers of 0.3% of steps"
+
+
 def test_recorded_noise_is_resampled_around_the_same_contention_as_low_noise():
     recorded = Cluster(48, 1600, seed=3)
     low = Cluster(48, 1600, seed=3, profile="low-noise")
@@ -242,10 +258,12 @@ def test_simulator_plots_eta_against_cluster_size(tmp_path, capsys):
     from benchmarks.simulate import main
 
     path = tmp_path / "scaling.png"
-    assert main(["--workers", "4,8", "--steps", "30", "--policies", "equal,mean-oracle,lagged-mean-oracle",
+    assert main(["--workers", "4,8", "--steps", "30", "--policies", "equal,mean-oracle,lagged-mean-oracle,tail-oracle",
                  "--plot", str(path)]) == 0
     out = capsys.readouterr().out
     assert path.stat().st_size > 1000 and "lagged-mean-oracle" in out and "floor-bound steps" in out
+    tail = next(line for line in out.splitlines() if " tail-oracle " in line and line.split()[0] == "8").split()
+    assert float(tail[5]) == 1.0 and float(tail[4]) >= 1.0, "each policy as a fraction of the mean and tail oracles"
 
 
 def test_simulator_gives_median_and_range_over_seeds(capsys):
