@@ -73,18 +73,20 @@ def plot_scaling(path, etas, title=""):
 
     profiles = sorted({profile for _, profile, _ in etas})
     policies = list(dict.fromkeys(policy for _, _, policy in etas))
-    fig, axes = plt.subplots(1, len(profiles), figsize=(5.5 * len(profiles), 4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(profiles), figsize=(5.5 * len(profiles) + 1.8, 4), squeeze=False, sharey=True)
+    colors = plt.get_cmap("tab20").colors  # one colour per policy: the default cycle repeats after ten
     for ax, profile in zip(axes[0], profiles):
-        for policy in policies:
+        for i, policy in enumerate(policies):
             sizes = sorted(n for n, p, name in etas if p == profile and name == policy)
             style = "--" if "oracle" in policy else "-"
-            ax.plot(sizes, [etas[(n, profile, policy)] for n in sizes], style, marker="o", label=policy)
+            ax.plot(sizes, [etas[(n, profile, policy)] for n in sizes], style, marker="o", label=policy,
+                    color=colors[(2 * i) % 20 + (2 * i) // 20 % 2])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers")
         ax.set_title(f"{profile} {title}".strip())
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("eta (best split's step / step taken)")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
