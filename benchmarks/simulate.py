@@ -51,8 +51,8 @@ knowledge. Reported per (N, profile, policy) (with
 `--seeds`, the median and range over clusters drawn with each seed), over the
 steps after `--skip` (a variance-aware split learns which workers it
 forecasts worst): eta = (best possible step) / (step taken), as a
-fraction of the mean oracle's and of the tail oracle's too, the speedup over equal batches, and
-the decision cost per step. With a wide spread of speeds and many
+fraction of the mean oracle's and of the tail oracle's too, the speedup
+over equal batches, and the decision cost per step. With a wide spread of speeds and many
 workers, the slowest worker takes longer at b_min than the balanced step;
 such a step is "floor-bound" (any split that gives that worker b_min is as
 good as the oracle's), and the share of such steps is printed with the
@@ -329,7 +329,8 @@ def main(argv=None):
                      f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0), "
                      f"seeds {seeds} (each once)")
     print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'of tail-oracle':>15} "
-          f"{'speedup':>8} {'decision ms (median/p99)':>26}" + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
+          f"{'speedup':>8} {'decision ms (median/p99)':>26}"
+          + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
     etas = {}
     for n in sizes:
         for profile in profiles:

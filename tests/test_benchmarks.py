@@ -200,7 +200,8 @@ def test_tail_oracle_plans_each_worker_at_its_own_noise_quantile():
     # Alike tails (one distribution for every worker): the quantile is the same for all, so is the split.
     low = Cluster(16, 40, seed=4, profile="low-noise")
     assert np.ptp(low.tail) == 0 and 0.03 < low.tail[0] < 0.1, "at 16 workers, jitter (1.5 sigma)"
-    np.testing.assert_array_equal(*(simulate(low, name, None, 64 * 16)["eta"] for name in ("mean-oracle", "tail-oracle")))
+    np.testing.assert_array_equal(*(simulate(low, name, None, 64 * 16)["eta"]
+                                    for name in ("mean-oracle", "tail-oracle")))
     tail = Cluster(1024, 20, seed=4, profile="low-noise").tail
     assert np.log(2) - 0.1 < tail[0] < np.log(2) + 0.1, "at 1024 workers, the stragglers of 0.3% of steps"
 
