@@ -32,26 +32,22 @@ import numpy as np
 from .oracle import CurveBook, fit_curves, save_curves
 from .progress import Progress
 from .scenario import Scenario, list_scenarios
-from .variants import LIVE_DEFAULT, VARIANTS
+from .variants import LIVE_DEFAULT, VARIANTS, worker_options
 
 BASE = "horovod"
 
 
 def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None):
     """One horovodrun of the variant; returns its summary.json."""
-    policy, predictor, *options = VARIANTS[label]
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
     hosts = args.hosts or f"localhost:{scenario.workers}"
     cmd = [launcher, "-np", str(scenario.workers), "-H", hosts, "--gloo",
-           sys.executable, "-m", "benchmarks.worker", "--scenario", scenario.source, "--policy", policy,
-           "--out-dir", run_dir, "--seed", str(seed)]
-    if predictor:
-        cmd += ["--predictor", predictor]
+           sys.executable, "-m", "benchmarks.worker", "--scenario", scenario.source,
+           *worker_options(label), "--out-dir", run_dir, "--seed", str(seed)]
     if curves_path:
         cmd += ["--curves", curves_path]
-    cmd += list(options[0]) if options else []
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
     if args.emulate:

@@ -80,7 +80,7 @@ def plot_scaling(path, etas, title=""):
             sizes = sorted(n for n, p, name in etas if p == profile and name == policy)
             style = "--" if "oracle" in policy else "-"
             ax.plot(sizes, [etas[(n, profile, policy)] for n in sizes], style, marker="o", label=policy,
-                    color=colors[(2 * i) % 20 + (2 * i) // 20 % 2])
+                    color=colors[2 * i % 20 + i // 10 % 2])  # the dark shades, then the light
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers")
         ax.set_title(f"{profile} {title}".strip())

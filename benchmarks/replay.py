@@ -30,7 +30,7 @@ from lbbsp.controller import BalanceController
 from lbbsp.feed import grids
 from lbbsp.sharding import EpochSchedule
 
-from .variants import VARIANTS
+from .variants import VARIANTS, worker_options
 from .worker import WARMUP_STEPS, make_policy, parse
 
 __all__ = ["load_run", "replay", "main"]
@@ -60,9 +60,7 @@ def replay(run_dir, variant="lbbsp-narx"):
     if variant not in VARIANTS or VARIANTS[variant][0] in ("horovod", "oracle"):
         allowed = [v for v, spec in VARIANTS.items() if spec[0] not in ("horovod", "oracle")]
         raise ValueError(f"variant={variant!r} is not allowed: give one whose splits come from timings, {allowed}")
-    policy_name, predictor, *options = VARIANTS[variant]
-    args = parse(["--scenario", "replay", "--policy", policy_name, "--out-dir", run_dir] +
-                 (["--predictor", predictor] if predictor else []) + (list(options[0]) if options else []))
+    args = parse(["--scenario", "replay", "--out-dir", run_dir] + worker_options(variant))
     run = load_run(run_dir)
     epoch, step = run["epoch"][:, 0].astype(int), run["step"][:, 0].astype(int)
     global_batch = run["global_batch"][:, 0].astype(int)

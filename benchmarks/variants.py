@@ -6,7 +6,7 @@ build the lbbsp configurations they name from LBBSP_CONFIGS; the live worker
 sets the same through its options.
 """
 
-__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY", "LBBSP_CONFIGS"]
+__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY", "LBBSP_CONFIGS", "worker_options"]
 
 VARIANTS = {
     "horovod": ("horovod", None),      # plain Horovod: hvd.DistributedOptimizer, static shards (live runs only)
@@ -62,3 +62,10 @@ LBBSP_CONFIGS = {
     "lbbsp-va": {"variance_aware": True},  # always balance a high quantile (--variance-aware true)
     "lbbsp-noshrink": {"shrink_noise": False},  # no noise shrinkage (--no-shrink-noise)
 }
+
+
+def worker_options(label):
+    """The benchmarks.worker options that run variant `label`: its policy, predictor and extra options."""
+    policy, predictor, *options = VARIANTS[label]
+    extra = list(options[0]) if options else []
+    return ["--policy", policy] + (["--predictor", predictor] if predictor else []) + extra

@@ -68,7 +68,6 @@ class FunctionSource:
         return self.fn(np.asarray(indices, dtype=np.int64))
 
 
-
 def grids(global_batch, size, batch_multiple=None):
     """(batch grid, finest grid a policy may refine it to) of a feed of `size` workers: `batch_multiple` for
     both where given (a given grid is kept as it is), else lbbsp.allocation.default_multiple and the default
@@ -76,6 +75,7 @@ def grids(global_batch, size, batch_multiple=None):
     if batch_multiple is not None:
         return batch_multiple, batch_multiple
     return default_multiple(global_batch, size), default_multiple(global_batch, size, steps=16)
+
 
 class BatchFeed:
     """This worker's share of every global batch under changing per-worker batch sizes.

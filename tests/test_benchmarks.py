@@ -12,7 +12,7 @@ from benchmarks.analysis import breakdown, recovery, recovery_kinds, summarize
 from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
 from benchmarks.progress import Progress
 from benchmarks.replay import replay
-from benchmarks.variants import VARIANTS
+from benchmarks.variants import VARIANTS, worker_options
 from benchmarks.worker import make_policy
 from benchmarks.worker import parse as parse_worker
 from benchmarks.scenario import Scenario, list_scenarios
@@ -456,9 +456,8 @@ def test_recorder_fixed_cost_from_random_batches():
 
 
 def test_every_live_variant_parses_and_builds_its_policy():
-    for label, (policy, predictor, *options) in VARIANTS.items():
-        argv = ["--scenario", "static-4", "--policy", policy, "--out-dir", "x"] + \
-            (["--predictor", predictor] if predictor else []) + (list(options[0]) if options else [])
+    for label, (policy, *_) in VARIANTS.items():
+        argv = ["--scenario", "static-4", "--out-dir", "x"] + worker_options(label)
         if policy == "oracle":
             argv += ["--curves", "curves.json"]
         args = parse_worker(argv)
