@@ -26,7 +26,7 @@ import numpy as np
 
 from . import make_predictor
 from .narx import load, load_default
-from .traces import aggregate, list_traces, read_trace
+from .traces import aggregate, read_trace
 
 __all__ = ["forecasts", "evaluate", "main", "PREDICTOR_ROWS"]
 
@@ -144,7 +144,7 @@ def format_table(table):
 
 
 def main(argv=None):
-    from .train import held_out
+    from .train import test_traces
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", nargs="*", help="trace files (default: the held-out test traces)")
@@ -155,11 +155,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.aggregate < 1:
         parser.error(f"--aggregate={args.aggregate} is not allowed: it must be >= 1")
-    if args.traces:
-        paths = args.traces
-    else:
-        names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces()]
-        paths = [p for p, name in names if held_out(name) and not name.startswith("live_")]
+    paths = args.traces or test_traces()
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         parser.error(f"trace files not found: {missing or 'none given'}")

@@ -20,7 +20,7 @@ import numpy as np
 
 from .telemetry import FEATURES
 
-__all__ = ["COLUMNS", "write_trace", "read_trace", "list_traces", "aggregate", "TRACE_DIR"]
+__all__ = ["COLUMNS", "write_trace", "read_trace", "to_rows", "cut", "list_traces", "aggregate", "TRACE_DIR"]
 
 COLUMNS = ("step", "time", "batch", "step_time", "speed") + FEATURES + ("quota", "hog", "mem")
 TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
@@ -60,6 +60,26 @@ def read_trace(path):
     out["features"] = np.column_stack([cols[f] for f in FEATURES]) if len(table) else np.zeros((0, len(FEATURES)))
     out["comments"] = comments
     out["name"] = os.path.basename(str(path)).split(".")[0]
+    return out
+
+
+def to_rows(trace):
+    """The dict rows of a trace from `read_trace` (or `cut`), as `write_trace` takes them."""
+    columns = [c for c in COLUMNS if c not in FEATURES and c in trace]
+    rows = []
+    for i in range(trace["speed"].size):
+        row = {c: float(trace[c][i]) for c in columns}
+        row.update(zip(FEATURES, map(float, trace["features"][i])))
+        rows.append(row)
+    return rows
+
+
+def cut(trace, start, stop):
+    """Steps [start, stop) of a trace, with its name and comments (a fraction of a trace to train or score on)."""
+    out = {key: value[start:stop] for key, value in trace.items()
+           if isinstance(value, np.ndarray) and len(value) == trace["speed"].size}
+    out["comments"] = list(trace["comments"]) + [f"steps {start} to {stop} of the recorded trace"]
+    out["name"] = trace["name"]
     return out
 
 

@@ -26,13 +26,15 @@ from .features import DEFAULT_SPEC, WindowSpec
 from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, save
 from .traces import TRACE_DIR, aggregate, list_traces, read_trace
 
-__all__ = ["TEST_TRACES", "training_traces", "windows", "train", "main"]
+__all__ = ["TEST_TRACES", "QUICK", "held_out", "training_traces", "test_traces", "windows", "train", "main"]
 
 log = logging.getLogger("predictor.train")
 
 #: Configurations tried: NARX (delays, GRU units) and ARX delays.
 NARX_CANDIDATES = ((8, 16), (16, 32))
 ARX_CANDIDATES = (8, 16)
+#: `train` options of --quick: one small NARX and ARX, two epochs (for tests of the commands).
+QUICK = {"narx_candidates": ((4, 4),), "arx_candidates": (4,), "epochs": 2}
 #: NARX runs at every step: the cheapest candidate within this fraction of the best validation loss wins.
 SELECTION_SLACK = 0.05
 
@@ -55,6 +57,12 @@ def held_out(name):
 def training_traces(directory=TRACE_DIR):
     """Every recorded trace except the held-out ones (see `held_out`)."""
     return [p for p in list_traces(directory) if not held_out(os.path.basename(p).split(".")[0])]
+
+
+def test_traces(directory=TRACE_DIR):
+    """The held-out recorded traces (not the live_* ones): what predictor.evaluate scores by default."""
+    names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces(directory)]
+    return [p for p, name in names if held_out(name) and not name.startswith("live_")]
 
 
 def windows(paths, spec, holdout=0.15, aggregates=AGGREGATES):
@@ -162,7 +170,7 @@ def main(argv=None):
     if not paths:
         parser.error(f"no trace files match {args.traces!r}")
     if args.quick:
-        narx, arx, report = train(paths, ((4, 4),), (4,), epochs=min(args.epochs, 2), seed=args.seed)
+        narx, arx, report = train(paths, seed=args.seed, **QUICK)
     else:
         narx, arx, report = train(paths, epochs=args.epochs, seed=args.seed)
     os.makedirs(args.out_dir, exist_ok=True)

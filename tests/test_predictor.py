@@ -286,3 +286,39 @@ def test_aggregate_merges_steps_by_time_and_keeps_the_work():
     assert aggregate(trace, 1) is trace
     with pytest.raises(ValueError, match="steps=0"):
         aggregate(trace, 0)
+
+
+def test_cut_keeps_a_slice_of_every_column_and_round_trips_through_a_file(tmp_path):
+    from predictor.traces import cut, to_rows
+
+    trace = read_trace(os.path.join(TRACE_DIR, "steady_cnn_b32.csv.gz"))
+    piece = cut(trace, 100, 250)
+    assert piece["speed"].size == 150 and piece["features"].shape == (150, len(FEATURES))
+    np.testing.assert_array_equal(piece["quota"], trace["quota"][100:250])
+    assert piece["name"] == "steady_cnn_b32" and piece["comments"][-1] == "steps 100 to 250 of the recorded trace"
+    write_trace(tmp_path / "piece.csv.gz", to_rows(piece), piece["comments"])
+    back = read_trace(tmp_path / "piece.csv.gz")
+    np.testing.assert_allclose(back["speed"], piece["speed"], rtol=1e-4)
+    np.testing.assert_allclose(back["features"], piece["features"], rtol=1e-4, atol=1e-9)
+
+
+def test_ceiling_scores_the_forward_model_on_the_tails_and_the_memorised_one_on_whole_traces():
+    from predictor.ceiling import ceiling, main, ratio_to_best_baseline
+    from predictor.evaluate import evaluate
+
+    held = [os.path.join(TRACE_DIR, "hog_mlp_b32.csv.gz")]
+    tables = ceiling(held, head=0.6, quick=True, train_paths=[os.path.join(TRACE_DIR, "hog_cnn_b64.csv.gz")])
+    assert set(tables) == {"shipped", "forward", "memorised"}
+    # "last" needs no training: it tells which steps each setting was scored on.
+    whole = evaluate(held, rows=("last",))[0]["last"]["all"]
+    assert tables["memorised"]["last"]["all"] == whole
+    assert tables["forward"]["last"]["all"] == tables["shipped"]["last"]["all"] != whole
+    assert tables["forward"]["narx"]["all"] != tables["shipped"]["narx"]["all"], "the forward model is its own"
+    for table in tables.values():
+        ours, best, ratio = ratio_to_best_baseline(table)
+        assert ours in ("narx", "narx+online") and best in ("last", "ema", "arx", "arx+online")
+        assert np.isfinite(ratio) and ratio == table[ours]["all"] / table[best]["all"]
+    with pytest.raises(ValueError, match="head=1.5"):
+        ceiling(held, head=1.5)
+    with pytest.raises(SystemExit):
+        main(["--head", "0", "--traces"] + held)
