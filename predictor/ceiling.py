@@ -15,12 +15,12 @@ scored with predictor.evaluate's table:
   traces, later steps, as if the machine had been recorded before. The
   shipped models are scored on the same steps beside it.
 - *memorised*: the held-out traces themselves, scored on the same steps. It
-  counts draws the model has learnt, so it bounds from above what any model
-  of this size could reach; it is not a forecast of unseen steps.
+  counts draws the model has learnt: an optimistic figure for a model of
+  this size, not a forecast of unseen steps.
 
-For each, the ratio that issue 9's target is stated in: the better learned
-row (NARX, NARX + online) over the best baseline (last, EMA, ARX, ARX +
-online), on all steps.
+For each, the ratio the MAPE target is stated in (README, "Speed
+predictor"): the better learned row (NARX, NARX + online) over the best
+baseline (last, EMA, ARX, ARX + online), on all steps.
 """
 import argparse
 import json
