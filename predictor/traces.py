@@ -20,7 +20,8 @@ import numpy as np
 
 from .telemetry import FEATURES
 
-__all__ = ["COLUMNS", "write_trace", "read_trace", "to_rows", "cut", "list_traces", "aggregate", "TRACE_DIR"]
+__all__ = ["COLUMNS", "write_trace", "read_trace", "trace_name", "to_rows", "cut", "list_traces", "aggregate",
+           "TRACE_DIR"]
 
 COLUMNS = ("step", "time", "batch", "step_time", "speed") + FEATURES + ("quota", "hog", "mem")
 TRACE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
@@ -59,8 +60,13 @@ def read_trace(path):
     out = {name: cols[name] for name in header if name not in FEATURES}
     out["features"] = np.column_stack([cols[f] for f in FEATURES]) if len(table) else np.zeros((0, len(FEATURES)))
     out["comments"] = comments
-    out["name"] = os.path.basename(str(path)).split(".")[0]
+    out["name"] = trace_name(path)
     return out
+
+
+def trace_name(path):
+    """A trace's name: its file name without the extensions (what held-out and training sets are chosen by)."""
+    return os.path.basename(str(path)).split(".")[0]
 
 
 def to_rows(trace):

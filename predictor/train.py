@@ -24,7 +24,7 @@ import numpy as np
 
 from .features import DEFAULT_SPEC, WindowSpec
 from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, save
-from .traces import TRACE_DIR, aggregate, list_traces, read_trace
+from .traces import TRACE_DIR, aggregate, list_traces, read_trace, trace_name
 
 __all__ = ["TEST_TRACES", "QUICK", "held_out", "training_traces", "test_traces", "windows", "train", "main"]
 
@@ -56,12 +56,12 @@ def held_out(name):
 
 def training_traces(directory=TRACE_DIR):
     """Every recorded trace except the held-out ones (see `held_out`)."""
-    return [p for p in list_traces(directory) if not held_out(os.path.basename(p).split(".")[0])]
+    return [p for p in list_traces(directory) if not held_out(trace_name(p))]
 
 
 def test_traces(directory=TRACE_DIR):
     """The held-out recorded traces (not the live_* ones): what predictor.evaluate scores by default."""
-    names = [(p, os.path.basename(p).split(".")[0]) for p in list_traces(directory)]
+    names = [(p, trace_name(p)) for p in list_traces(directory)]
     return [p for p, name in names if held_out(name) and not name.startswith("live_")]
 
 
