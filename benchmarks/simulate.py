@@ -73,7 +73,7 @@ from lbbsp.policies import LBBSPPolicy
 from predictor.traces import list_traces, read_trace
 
 from .oracle import OraclePolicy
-from .variants import LBBSP_CONFIGS, LIVE_ONLY, VARIANTS
+from .variants import LBBSP_CONFIGS, LIVE_ONLY, SIM_ABLATIONS, VARIANTS
 
 __all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
 
@@ -83,7 +83,8 @@ POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not i
                           "mean-oracle": ("mean-oracle", None),
                           "lagged-mean-oracle": ("lagged-mean-oracle", None),
                           "tail-oracle": ("tail-oracle", None),
-                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")})
+                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")},
+                       **{label: (label, "narx") for label in SIM_ABLATIONS})
 
 
 def _rolling_mean(x, window):

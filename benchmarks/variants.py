@@ -6,7 +6,7 @@ build the lbbsp configurations they name from LBBSP_CONFIGS; the live worker
 sets the same through its options.
 """
 
-__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY", "LBBSP_CONFIGS", "worker_options"]
+__all__ = ["VARIANTS", "LIVE_DEFAULT", "LIVE_ONLY", "LBBSP_CONFIGS", "ABLATIONS", "SIM_ABLATIONS", "worker_options"]
 
 VARIANTS = {
     "horovod": ("horovod", None),      # plain Horovod: hvd.DistributedOptimizer, static shards (live runs only)
@@ -47,12 +47,39 @@ VARIANTS = {
     "lbbsp-narx-q8": ("lbbsp", "narx", ("--batch-multiple", "8")),
 }
 
+#: The ablation of issue 39 (docs/ablation.md): lbbsp-narx with one mechanism of its decision switched off.
+ABLATIONS = {
+    "abl-nochange": ("--config", '{"model": {"change": 1e9}}'),   # no speed-change detection (nor gating)
+    "abl-notrust": ("--max-change", "1e9"),                       # no trust region around the current split
+    "abl-nogate": ("--config", '{"gate": false}'),                # forecasts used even far from the measurement
+    "abl-mean": ("--variance-aware", "false"),                    # no candidates in hindsight, bias, quantile
+    "abl-noshrink": ("--no-shrink-noise",),                       # no noise garrote
+    "abl-nofree": ("--config", '{"free_mask": false}'),           # the garrote applied to every worker
+    "abl-unpooled": ("--no-pool-offsets",),                       # fixed costs fitted alone, not pooled
+    "abl-nohyst": ("--config", '{"min_gain": 0}'),                # no hysteresis
+    "abl-nodamp": ("--config", '{"min_step": 1}'),                # no damping of reversals
+    "abl-norefine": ("--batch-multiple", "8"),                    # the default grid, never refined
+    "abl-nocal": ("--calibration", "0"),                          # no calibration dither
+    "abl-always": ("--forecast-budget", "none"),                  # no forecast cost budget
+    "abl-nofixed": ("--calibration", "0", "--config", '{"model": {"min_spread": 1.0}}'),  # k = 0 throughout
+}
+VARIANTS.update({label: ("lbbsp", "narx", options) for label, options in ABLATIONS.items()})
+#: The same ablations as LBBSPPolicy keyword arguments, for the simulator (which splits exactly, so it has no
+#: grid to refine, and times no forecast).
+SIM_ABLATIONS = {
+    "abl-nochange": {"model": {"change": 1e9}}, "abl-notrust": {"max_change": 1e9}, "abl-nogate": {"gate": False},
+    "abl-mean": {"variance_aware": False}, "abl-noshrink": {"shrink_noise": False},
+    "abl-nofree": {"free_mask": False}, "abl-unpooled": {"model": {"pool": False}}, "abl-nohyst": {"min_gain": 0},
+    "abl-nodamp": {"min_step": 1}, "abl-nocal": {"calibration": 0},
+    "abl-nofixed": {"calibration": 0, "model": {"min_spread": 1.0}},
+}
+
 #: Variants that only make sense in live runs. The simulator has no batch-shape set-up cost and splits
 #: exactly (batch_multiple=1), so it runs the others as the "-exact" variants.
 LIVE_ONLY = ("horovod", "lbbsp-narx-noprefetch", "lbbsp-narx-always", "lbbsp-narx-noshrink", "lbbsp-narx-mean",
              "lbbsp-narx-unpooled", "lbbsp-narx-shrunk", "lbbsp-narx-nocal", "lbbsp-narx-mc3",
              "pid-exact", "lbbsp-ema-exact", "lbbsp-narx-exact", "lbbsp-last-exact", "pid-q4", "lbbsp-narx-q4",
-             "lbbsp-narx-q8")
+             "lbbsp-narx-q8") + tuple(ABLATIONS)
 #: What `benchmarks.compare` runs by default: everything, and PID and lbbsp-narx without the grid.
 LIVE_DEFAULT = tuple(v for v in VARIANTS if v not in LIVE_ONLY or v in ("horovod", "pid-exact", "lbbsp-narx-exact"))
 
@@ -62,6 +89,7 @@ LBBSP_CONFIGS = {
     "lbbsp-va": {"variance_aware": True},  # always balance a high quantile (--variance-aware true)
     "lbbsp-noshrink": {"shrink_noise": False},  # no noise shrinkage (--no-shrink-noise)
 }
+LBBSP_CONFIGS.update(SIM_ABLATIONS)
 
 
 def worker_options(label):

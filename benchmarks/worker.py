@@ -60,6 +60,9 @@ def parse(argv=None):
     parser.add_argument("--max-change", type=float, default=None,
                         help="lbbsp policy's max_change: the factor a worker's batch may move by in one decision "
                              "unless its speed was measured to jump (default: LBBSPPolicy's)")
+    parser.add_argument("--config", default=None,
+                        help="ablation: extra LBBSPPolicy keyword arguments as JSON (a 'model' dict goes to its "
+                             "StepTimeModel), e.g. '{\"min_gain\": 0}'")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -76,7 +79,7 @@ def parse(argv=None):
                   (args.no_pool_offsets, "--no-pool-offsets"),
                   (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"),
                   (args.calibration != LBBSPPolicy.CALIBRATION, "--calibration"),
-                  (args.max_change is not None, "--max-change"))
+                  (args.max_change is not None, "--max-change"), (args.config is not None, "--config"))
     for given, option in lbbsp_only:
         if given and args.policy != "lbbsp":
             parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
@@ -96,9 +99,11 @@ def make_policy(args):
         return args.policy
     aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
     extra = {} if args.max_change is None else {"max_change": args.max_change}
+    config = json.loads(args.config) if args.config else {}
+    model = dict({"pool": not args.no_pool_offsets}, **config.pop("model", {}))
     return LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
-                       model={"pool": not args.no_pool_offsets}, candidates=args.candidates,
-                       calibration=args.calibration, **extra)
+                       model=model, candidates=args.candidates,
+                       calibration=args.calibration, **extra, **config)
 
 
 class ScenarioDriver:

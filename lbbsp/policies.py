@@ -345,7 +345,10 @@ class LBBSPPolicy(Policy):
             self.choice.load_state(state["choice"])
 
     def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
-                 shrink_noise=True, candidates=CANDIDATES, calibration=CALIBRATION, dither=0.25):
+                 shrink_noise=True, candidates=CANDIDATES, calibration=CALIBRATION, dither=0.25, gate=True,
+                 free_mask=True):
+        # gate, free_mask: ablation switches (docs/ablation.md), each one mechanism off when False.
+        self.gate, self.free_mask = bool(gate), bool(free_mask)
         self.rebalancer = Rebalancer(min_gain, min_step)
         if isinstance(calibration, bool) or not isinstance(calibration, int) or calibration < 0:
             raise ValueError(f"calibration={calibration!r} is not allowed: give the number of decisions (an integer "
@@ -396,7 +399,7 @@ class LBBSPPolicy(Policy):
         measured = self.model.speeds
         with np.errstate(all="ignore"):
             trails = np.abs(np.log(forecast / measured)) > self.model.threshold  # False where nothing was measured
-        good = np.isfinite(forecast) & (forecast > 0) & ~trails
+        good = np.isfinite(forecast) & (forecast > 0) & (~trails if self.gate else True)
         return sanitize(np.where(good, forecast, measured))
 
     def after_step(self, stats, next_global_batch):
@@ -421,6 +424,8 @@ class LBBSPPolicy(Policy):
         # The workers whose departure from the current split's balance may be taken for noise: not at a bound
         # (the split is not balanced for them there), not just measured to jump.
         free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
+        if not self.free_mask:
+            free = np.ones_like(free)
         if self.variance_aware:
             speeds = self._plan(speeds, stats.target, total, lower, upper, free)
         elif self.shrink_noise:
