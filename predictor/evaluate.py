@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 
 from . import make_predictor
-from .narx import load, load_default
+from .narx import load, load_default, model_path
 from .traces import aggregate, read_trace
 
 __all__ = ["forecasts", "evaluate", "main", "PREDICTOR_ROWS"]
@@ -36,12 +36,12 @@ NOISE_SPAN = 9
 STATE = ("quota", "hog", "mem")
 
 
-def _make(name, model_dir=None):
+def _make(name, model_dir=None, device="cpu"):
     kind, _, online = name.partition("+")
     if kind in ("narx", "arx"):
         if model_dir:
-            return load(os.path.join(model_dir, f"{kind}_default.npz"), online=bool(online))
-        return load_default(kind, online=bool(online))
+            return load(model_path(kind, device, model_dir), online=bool(online))
+        return load_default(kind, online=bool(online), device=device)
     return make_predictor(name)
 
 
@@ -94,7 +94,7 @@ def _change_mask(trace):
     return mask
 
 
-def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1):
+def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1, device="cpu"):
     """{predictor: {"steady", "dynamic", "change", "all": MAPE in %}} and per-trace figures; `steps` recorded
     steps are merged into one (predictor.traces.aggregate)."""
     errors = {name: {"steady": [], "dynamic": [], "change": []} for name in rows}
@@ -108,7 +108,7 @@ def evaluate(paths, rows=PREDICTOR_ROWS, model_dir=None, steps=1):
         changes = _change_mask(trace) & valid
         per_trace[trace["name"]] = {"steps": int(valid.sum()), "changes": int(changes.sum())}
         for name in rows:
-            f = REFERENCES[name](trace) if name in REFERENCES else forecasts(_make(name, model_dir), trace)
+            f = REFERENCES[name](trace) if name in REFERENCES else forecasts(_make(name, model_dir, device), trace)
             err = np.abs(f - speed) / speed
             errors[name][kind].append(err[valid])
             errors[name]["change"].append(err[changes])
@@ -152,14 +152,16 @@ def main(argv=None):
     parser.add_argument("--model-dir", help="directory with narx_default.npz and arx_default.npz "
                                             "(default: the models shipped in predictor/models)")
     parser.add_argument("--aggregate", type=int, default=1, help="recorded steps merged into one (default 1)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="score the models for this device on its held-out traces (default cpu)")
     args = parser.parse_args(argv)
     if args.aggregate < 1:
         parser.error(f"--aggregate={args.aggregate} is not allowed: it must be >= 1")
-    paths = args.traces or test_traces()
+    paths = args.traces or test_traces(device=args.device)
     missing = [p for p in paths if not os.path.exists(p)]
     if missing or not paths:
         parser.error(f"trace files not found: {missing or 'none given'}")
-    table, per_trace = evaluate(paths, model_dir=args.model_dir, steps=args.aggregate)
+    table, per_trace = evaluate(paths, model_dir=args.model_dir, steps=args.aggregate, device=args.device)
     print(f"MAPE (%) of next-step speed forecasts on {len(paths)} held-out traces "
           f"({sum(v['steps'] for v in per_trace.values())} steps, "
           f"{sum(v['changes'] for v in per_trace.values())} at change points)")

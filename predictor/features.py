@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .telemetry import FEATURES, NEUTRAL
+from .telemetry import CPU_FEATURES, FEATURES, NEUTRAL
 
 __all__ = ["WindowSpec", "DEFAULT_SPEC"]
 
@@ -21,7 +21,7 @@ FEATURE_CLIP = 4.0
 class WindowSpec:
     """Shape of the input window: `delays` tapped delays of speed and telemetry, level over `level_span` steps."""
 
-    def __init__(self, delays=8, level_span=8, features=FEATURES):
+    def __init__(self, delays=8, level_span=8, features=CPU_FEATURES):
         if not isinstance(delays, int) or delays < 1:
             raise ValueError(f"delays={delays!r} is not allowed: it must be an integer >= 1")
         if not isinstance(level_span, int) or level_span < 1:

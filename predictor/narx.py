@@ -35,7 +35,7 @@ from .base import SpeedPredictor
 from .baselines import EMAPredictor
 from .features import LOG_CLIP, WindowSpec
 
-__all__ = ["NARXPredictor", "ARXPredictor", "load", "load_default", "MODEL_DIR", "gru_forward"]
+__all__ = ["NARXPredictor", "ARXPredictor", "load", "load_default", "model_path", "MODEL_DIR", "gru_forward"]
 
 log = logging.getLogger(__name__)
 
@@ -284,8 +284,16 @@ def load(path, online=False):
     return predictor
 
 
-def load_default(kind, online=False):
-    """The model shipped in predictor/models/ for `kind` ("narx" or "arx")."""
+def model_path(kind, device="cpu", directory=None):
+    """Where the model of `kind` for `device` is (in `directory`, default the shipped models): {kind}_default.npz
+    for CPU workers, {kind}_gpu.npz for GPU workers."""
+    return os.path.join(directory or MODEL_DIR, f"{kind}_{'gpu' if device == 'gpu' else 'default'}.npz")
+
+
+def load_default(kind, online=False, device="cpu"):
+    """The model shipped in predictor/models/ for `kind` ("narx" or "arx") and `device` ("cpu" or "gpu")."""
     if kind not in _KINDS:
         raise ValueError(f"kind={kind!r} is not allowed: use one of {list(_KINDS)}")
-    return load(os.path.join(MODEL_DIR, f"{kind}_default.npz"), online=online)
+    predictor = load(model_path(kind, device), online=online)
+    predictor.device = device
+    return predictor

@@ -2,7 +2,8 @@
 
 Each feature is scale-free (a fraction or a rate normalised by the machine),
 so one model serves any machine. A counter that cannot be read on this
-machine reads as its neutral value, never as an error:
+machine reads as its neutral value, never as an error. CPU and memory
+(psutil, /proc, cgroup files):
 
 ==================  =====================================================  ========
 feature             meaning                                                neutral
@@ -17,6 +18,9 @@ cpu_quota           cgroup CPU quota in cores / cores in the affinity set  1
 throttled           fraction of the wall time the cgroup was throttled     0
 ctx_involuntary     involuntary context switches per ms of wall time       0
 ==================  =====================================================  ========
+
+and, on a GPU worker, its GPU's (predictor.nvml; neutral without one):
+GPU_FEATURES.
 """
 import os
 import resource
@@ -25,11 +29,15 @@ import time
 import numpy as np
 import psutil
 
-__all__ = ["FEATURES", "NEUTRAL", "Telemetry", "cgroup_cpu_dir"]
+from .nvml import GPU_FEATURES, GPU_NEUTRAL
 
-FEATURES = ("proc_cpu", "sys_cpu", "run_queue", "mem_available", "proc_rss", "cpu_quota", "throttled",
-            "ctx_involuntary")
-NEUTRAL = np.array([0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+__all__ = ["CPU_FEATURES", "FEATURES", "NEUTRAL", "Telemetry", "cgroup_cpu_dir"]
+
+CPU_FEATURES = ("proc_cpu", "sys_cpu", "run_queue", "mem_available", "proc_rss", "cpu_quota", "throttled",
+                "ctx_involuntary")
+#: Every reading, CPU first, and the value each reads where it cannot be read.
+FEATURES = CPU_FEATURES + GPU_FEATURES
+NEUTRAL = np.concatenate([[0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0], GPU_NEUTRAL])
 
 
 def _read(path):
@@ -87,12 +95,14 @@ class Telemetry:
 
     The fast readings (CPU, run queue, context switches, throttling) are taken
     at every call; memory and the quota change slowly and are refreshed every
-    `slow_every` calls. A sample costs tens of microseconds.
+    `slow_every` calls. A sample costs tens of microseconds. `gpu`: the
+    predictor.nvml.NVMLReader of this worker's GPU, or None (neutral GPU features).
     """
 
     features = FEATURES
 
-    def __init__(self, slow_every=10):
+    def __init__(self, slow_every=10, gpu=None):
+        self.gpu = gpu
         self._proc = psutil.Process()
         self._cores = max(len(os.sched_getaffinity(0)), 1)
         self._machine_cores = os.cpu_count() or 1
@@ -110,6 +120,8 @@ class Telemetry:
     def close(self):
         self._stat.close()
         self._cpu_stat.close()
+        if self.gpu is not None:
+            self.gpu.close()
 
     @property
     def cpu_share(self):
@@ -192,7 +204,8 @@ class Telemetry:
             return NEUTRAL.copy()
         wall = max(now["wall"] - last["wall"], 1e-6)
         sys_total = now["sys_total"] - last["sys_total"]
-        return np.array([
+        gpu = self.gpu.sample() if self.gpu is not None else GPU_NEUTRAL
+        return np.concatenate([[
             (now["proc_cpu"] - last["proc_cpu"]) / wall / self._allowed,
             (now["sys_busy"] - last["sys_busy"]) / sys_total if sys_total > 0 else 0.0,
             now["running"] / self._machine_cores,
@@ -201,4 +214,4 @@ class Telemetry:
             self._slow[2],
             (now["throttled"] - last["throttled"]) / wall,
             (now["ctx"] - last["ctx"]) / (wall * 1e3),
-        ])
+        ], gpu])

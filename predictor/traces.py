@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from .telemetry import FEATURES
+from .telemetry import FEATURES, NEUTRAL
 
 __all__ = ["COLUMNS", "write_trace", "read_trace", "trace_name", "to_rows", "cut", "list_traces", "aggregate",
            "TRACE_DIR"]
@@ -51,14 +51,16 @@ def read_trace(path):
     body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
     reader = csv.reader(io.StringIO(body))
     header = next(reader)
-    missing = [c for c in ("speed",) + FEATURES if c not in header]
-    if missing:
-        raise ValueError(f"trace {path!r} lacks columns {missing}")
+    if "speed" not in header:
+        raise ValueError(f"trace {path!r} lacks the column 'speed'")
     table = np.array([[float(v) if v != "" else np.nan for v in row] for row in reader if row], dtype=np.float64)
     table = table.reshape(-1, len(header))
     cols = {name: table[:, i] for i, name in enumerate(header)}
     out = {name: cols[name] for name in header if name not in FEATURES}
-    out["features"] = np.column_stack([cols[f] for f in FEATURES]) if len(table) else np.zeros((0, len(FEATURES)))
+    # A reading the trace was recorded without (GPU readings on a CPU worker, and back) is neutral.
+    out["features"] = np.column_stack([cols[f] if f in cols else np.full(len(table), NEUTRAL[i])
+                                       for i, f in enumerate(FEATURES)]) if len(table) else \
+        np.zeros((0, len(FEATURES)))
     out["comments"] = comments
     out["name"] = trace_name(path)
     return out

@@ -1,7 +1,14 @@
 """Train the NARX model (and its linear ARX baseline) on recorded traces; write the shipped model files.
 
-    python -m predictor.train                    # all traces except the held-out test files
+    python -m predictor.train                    # CPU workers: all CPU traces except the held-out test files
+    python -m predictor.train --device gpu       # GPU workers: gpu_resnet50_vb and gpu_nvml_train
     python -m predictor.train --traces traces/quota_*.csv.gz --out-dir /tmp/models
+
+The CPU models read the CPU and memory features, the GPU models those readings of
+predictor.telemetry.FEATURES that move in their training traces (a reading
+that never moves there carries nothing). The GPU models train on the
+ResNet-50 trace with its batch drawn per step and on the first 70% of the
+NVML trace; predictor.evaluate --device gpu scores the last 30%.
 
 Both models see the same windows (predictor/features.py), use the same loss
 (mean absolute error of the log speed ratio, which tracks MAPE), the same
@@ -23,10 +30,12 @@ import sys
 import numpy as np
 
 from .features import DEFAULT_SPEC, WindowSpec
-from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, save
+from .narx import MODEL_DIR, ARXPredictor, NARXPredictor, model_path, save
+from .telemetry import FEATURES
 from .traces import TRACE_DIR, aggregate, list_traces, read_trace, trace_name
 
-__all__ = ["TEST_TRACES", "QUICK", "held_out", "training_traces", "test_traces", "windows", "train", "main"]
+__all__ = ["TEST_TRACES", "GPU_TRAINING", "GPU_TEST", "QUICK", "held_out", "training_traces", "test_traces",
+           "moving_features", "windows", "train", "main"]
 
 log = logging.getLogger("predictor.train")
 
@@ -49,20 +58,38 @@ HELD_OUT_KINDS = ("walk", "ramp", "duty")
 AGGREGATES = (1, 4, 16)
 
 
+#: The GPU models' training and test traces (predictor.gpu_traces).
+GPU_TRAINING = ("gpu_resnet50_vb", "gpu_nvml_train")
+GPU_TEST = ("gpu_nvml_test",)
+
+
 def held_out(name):
     """True for a trace that plays no part in training: TEST_TRACES, the held-out kinds, live_* traces."""
     return name in TEST_TRACES or name.startswith(("live_",) + tuple(f"{k}_" for k in HELD_OUT_KINDS))
 
 
-def training_traces(directory=TRACE_DIR):
-    """Every recorded trace except the held-out ones (see `held_out`)."""
-    return [p for p in list_traces(directory) if not held_out(trace_name(p))]
-
-
-def test_traces(directory=TRACE_DIR):
-    """The held-out recorded traces (not the live_* ones): what predictor.evaluate scores by default."""
+def training_traces(directory=TRACE_DIR, device="cpu"):
+    """The traces a device's models train on: every recorded CPU trace except the held-out ones (see
+    `held_out`), or GPU_TRAINING."""
     names = [(p, trace_name(p)) for p in list_traces(directory)]
-    return [p for p, name in names if held_out(name) and not name.startswith("live_")]
+    if device == "gpu":
+        return [p for p, name in names if name in GPU_TRAINING]
+    return [p for p, name in names if not held_out(name) and not name.startswith("gpu_")]
+
+
+def test_traces(directory=TRACE_DIR, device="cpu"):
+    """What predictor.evaluate scores by default: the held-out recorded CPU traces (not the live_* ones), or
+    GPU_TEST."""
+    names = [(p, trace_name(p)) for p in list_traces(directory)]
+    if device == "gpu":
+        return [p for p, name in names if name in GPU_TEST]
+    return [p for p, name in names if held_out(name) and not name.startswith(("live_", "gpu_"))]
+
+
+def moving_features(paths):
+    """The readings of FEATURES that move in the traces at `paths` (in FEATURES' order)."""
+    spread = np.nanstd(np.concatenate([read_trace(p)["features"] for p in paths]), axis=0)
+    return tuple(f for f, s in zip(FEATURES, spread) if s > 1e-9)
 
 
 def windows(paths, spec, holdout=0.15, aggregates=AGGREGATES):
@@ -116,7 +143,8 @@ def _train_arx(data, spec, epochs):
     return ARXPredictor(spec, w[:, 0], b), val, used
 
 
-def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES, epochs=60, seed=0):
+def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES, epochs=60, seed=0,
+          features=DEFAULT_SPEC.features, aggregates=AGGREGATES):
     """Train every candidate configuration; keep, for NARX and for ARX, the one with the lowest validation loss.
 
     Returns (narx, arx, report). Selection uses only the validation tail of the
@@ -124,7 +152,7 @@ def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES,
     """
     import tensorflow as tf
 
-    report = {"traces": [os.path.basename(p) for p in paths], "candidates": [],
+    report = {"traces": [os.path.basename(p) for p in paths], "features": list(features), "candidates": [],
               "selection": f"lowest validation loss; for NARX the cheapest candidate within {SELECTION_SLACK:.0%} of it "
                            "(it runs at every training step)"}
     trained = {"narx": [], "arx": []}
@@ -132,9 +160,9 @@ def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES,
     for kind, candidates in (("narx", narx_candidates), ("arx", arx_candidates)):
         for config in candidates:
             delays, units = (config if kind == "narx" else (config, None))
-            spec = WindowSpec(delays, DEFAULT_SPEC.level_span)
+            spec = WindowSpec(delays, DEFAULT_SPEC.level_span, features)
             if delays not in cache:
-                cache[delays] = windows(paths, spec)
+                cache[delays] = windows(paths, spec, aggregates=aggregates)
                 if len(cache[delays][0]) == 0:
                     raise ValueError(f"no usable windows in {len(paths)} traces: each needs > "
                                      f"{spec.history_needed} steps")
@@ -159,23 +187,25 @@ def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES,
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traces", nargs="*", help="trace files (default: all but the held-out test traces)")
+    parser.add_argument("--traces", nargs="*", help="trace files (default: the device's training traces)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="the workers the models are for")
     parser.add_argument("--out-dir", default=MODEL_DIR)
     parser.add_argument("--quick", action="store_true", help="one small NARX and ARX, few epochs (for testing)")
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    paths = [p for pattern in args.traces for p in sorted(glob.glob(pattern))] if args.traces else training_traces()
+    paths = [p for pattern in args.traces for p in sorted(glob.glob(pattern))] if args.traces else \
+        training_traces(device=args.device)
     if not paths:
         parser.error(f"no trace files match {args.traces!r}")
-    if args.quick:
-        narx, arx, report = train(paths, seed=args.seed, **QUICK)
-    else:
-        narx, arx, report = train(paths, epochs=args.epochs, seed=args.seed)
+    # GPU steps are long and quiet: their traces are seen as they are, and with the readings that move there.
+    options = dict(features=moving_features(paths), aggregates=(1,)) if args.device == "gpu" else {}
+    narx, arx, report = train(paths, seed=args.seed, **(QUICK if args.quick else {"epochs": args.epochs}), **options)
     os.makedirs(args.out_dir, exist_ok=True)
-    save(narx, os.path.join(args.out_dir, "narx_default.npz"), meta=report)
-    save(arx, os.path.join(args.out_dir, "arx_default.npz"), meta=report)
+    report["device"] = args.device
+    save(narx, model_path("narx", args.device, args.out_dir), meta=report)
+    save(arx, model_path("arx", args.device, args.out_dir), meta=report)
     log.info("%s", json.dumps(report, indent=1))
     return 0
 

@@ -322,3 +322,134 @@ def test_ceiling_scores_the_forward_model_on_the_tails_and_the_memorised_one_on_
         ceiling(held, head=1.5)
     with pytest.raises(SystemExit):
         main(["--head", "0", "--traces"] + held)
+
+
+class FakeNVML:
+    """pynvml's calls that predictor.nvml makes, on a scripted GPU: processes appear and leave, clocks drop."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, fail_init=False):
+        self.fail_init, self.procs, self.clock, self.reasons, self.raise_next = fail_init, [], 1980, 0, False
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("gpu", index)
+
+    nvmlDeviceGetHandleByUUID = nvmlDeviceGetHandleByIndex
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, kind):
+        return 1980
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 700_000
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        from types import SimpleNamespace
+        return SimpleNamespace(total=100 * 2**30, used=40 * 2**30)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.raise_next:
+            raise RuntimeError("GPU is lost")
+        return self.procs
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self.reasons
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        return self.clock
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 350_000
+
+
+def test_nvml_readings_follow_a_co_tenant_and_the_clocks():
+    from types import SimpleNamespace
+
+    from predictor.nvml import GPU_FEATURES, NVMLReader
+
+    fake = FakeNVML()
+    reader = NVMLReader(0, nvml=fake)
+    values = dict(zip(GPU_FEATURES, reader.sample()))
+    assert reader.available and values == {"gpu_procs": 0.0, "gpu_other_mem": 0.0, "gpu_sm_clock": 1.0,
+                                           "gpu_power": 0.5, "gpu_power_cap": 0.0, "gpu_slowdown": 0.0,
+                                           "gpu_mem_used": 0.4}
+    fake.procs = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=2**30),  # this process: not a co-tenant
+                  SimpleNamespace(pid=1, usedGpuMemory=10 * 2**30)]
+    fake.clock, fake.reasons = 1850, 0x4 | 0x40
+    values = dict(zip(GPU_FEATURES, reader.read()))
+    assert values["gpu_procs"] == 1.0 and values["gpu_other_mem"] == pytest.approx(0.1)
+    assert values["gpu_sm_clock"] == pytest.approx(1850 / 1980) and values["gpu_power_cap"] == 1.0
+    assert values["gpu_slowdown"] == 1.0
+    reader.period = 0.005
+    reader.start()
+    time.sleep(0.05)
+    assert reader.sample()[0] == 1.0, "the background thread hands over the latest reading"
+    fake.procs = []
+    time.sleep(0.05)
+    assert reader.sample()[0] == 0.0, "and the co-tenant's departure"
+    reader.close()
+
+
+def test_no_nvml_or_a_failing_one_gives_neutral_readings_and_one_log_line(caplog):
+    from predictor.nvml import GPU_NEUTRAL, NVMLReader
+
+    with caplog.at_level(logging.INFO, logger="predictor"):
+        missing = NVMLReader(0, nvml=FakeNVML(fail_init=True)).start()
+    assert not missing.available and np.array_equal(missing.sample(), GPU_NEUTRAL)
+    assert caplog.text.count("no GPU readings") == 1
+    fake = FakeNVML()
+    reader = NVMLReader(0, period=0.005, nvml=fake).start()
+    fake.raise_next = True
+    with caplog.at_level(logging.WARNING, logger="predictor"):
+        time.sleep(0.1)
+    assert not reader.available and np.array_equal(reader.sample(), GPU_NEUTRAL)
+    assert caplog.text.count("NVML failed") == 1
+    reader.close()
+    absent = NVMLReader(0)  # this machine: no nvidia-ml-py or no GPU
+    assert np.array_equal(absent.sample(), GPU_NEUTRAL)
+
+
+def test_the_gpu_a_rank_trains_on_maps_through_cuda_visible_devices():
+    from predictor.nvml import device_for
+
+    assert device_for(1, visible="") == 1
+    assert device_for(1, visible="2,3") == 3 and device_for(0, visible="3") == 3
+    assert device_for(0, visible="GPU-8f2a") == "GPU-8f2a"
+
+
+def test_telemetry_carries_the_gpu_readings_after_the_cpu_ones():
+    from predictor.nvml import GPU_FEATURES, NVMLReader
+    from predictor.telemetry import CPU_FEATURES
+
+    t = Telemetry(gpu=NVMLReader(0, nvml=FakeNVML()))
+    t.sample()
+    values = dict(zip(FEATURES, t.sample()))
+    assert FEATURES == CPU_FEATURES + GPU_FEATURES and values["gpu_mem_used"] == pytest.approx(0.4)
+    assert dict(zip(FEATURES, Telemetry().sample()))["gpu_sm_clock"] == 1.0, "no GPU: neutral"
+    t.close()
+
+
+def test_gpu_traces_convert_to_the_predictors_format():
+    from predictor.gpu_traces import convert
+
+    trace = read_trace(os.path.join(TRACE_DIR, "gpu_nvml_test.csv.gz"))
+    assert trace["speed"].size == 1140 and trace["features"].shape == (1140, len(FEATURES))
+    procs = trace["features"][:, FEATURES.index("gpu_procs")]
+    # The co-located job shows in NVML before it slows the worker: gpu_procs rises before `hog` does.
+    rises = np.flatnonzero(np.diff(trace["hog"]) > 0) + 1
+    assert len(rises) >= 3 and all(procs[r - 3:r].max() == 1.0 for r in rises)
+    assert (trace["features"][:, FEATURES.index("run_queue")] == 0).all(), "CPU readings not recorded: neutral"
+    cpu = read_trace(os.path.join(TRACE_DIR, "walk_conv_vb.csv.gz"))
+    assert (cpu["features"][:, FEATURES.index("gpu_sm_clock")] == 1.0).all(), "a CPU trace's GPU readings: neutral"
+
+
+def test_the_gpu_models_read_the_gpu_and_are_picked_by_device():
+    cpu, gpu = make_predictor("narx"), make_predictor("narx", device="gpu")
+    assert cpu.device == "cpu" and gpu.device == "gpu" and "gpu_procs" in gpu.spec.features
+    assert not any(f.startswith("gpu_") for f in cpu.spec.features)
+    with pytest.raises(ValueError, match="device='tpu'"):
+        make_predictor("narx", device="tpu")
