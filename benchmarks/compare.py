@@ -32,7 +32,7 @@ import numpy as np
 from .oracle import CurveBook, fit_curves, save_curves
 from .progress import Progress
 from .scenario import Scenario, list_scenarios
-from .variants import LIVE_DEFAULT, VARIANTS, worker_options
+from .variants import LIVE_DEFAULT, VARIANTS, split_label, worker_options
 
 BASE = "horovod"
 
@@ -43,11 +43,12 @@ def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None
     os.makedirs(run_dir)
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
     hosts = args.hosts or f"localhost:{scenario.workers}"
+    tree = os.path.abspath(args.base_tree) if split_label(label)[1] else os.getcwd()
     cmd = [launcher, "-np", str(scenario.workers), "-H", hosts, "--gloo",
            sys.executable, "-m", "benchmarks.worker", "--scenario", scenario.source,
-           *worker_options(label), "--out-dir", run_dir, "--seed", str(seed)]
+           *worker_options(label), "--out-dir", os.path.abspath(run_dir), "--seed", str(seed)]
     if curves_path:
-        cmd += ["--curves", curves_path]
+        cmd += ["--curves", os.path.abspath(curves_path)]
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
     if args.emulate:
@@ -55,11 +56,11 @@ def run_variant(scenario, label, seed, args, run_dir, progress, curves_path=None
     if args.external:
         cmd.append("--external")
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
     log_path = os.path.join(run_dir, "log.txt")
     progress_file = os.path.join(run_dir, "progress")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree)
         while proc.poll() is None:
             done = len(open(progress_file).read().split()) if os.path.exists(progress_file) else 0
             progress.update(label, done)
@@ -244,6 +245,8 @@ def main(argv=None):
     parser.add_argument("--hosts", help="horovodrun -H list (default: localhost:<workers>)")
     parser.add_argument("--external", action="store_true",
                         help="speeds come from container or cluster limits: workers inject nothing")
+    parser.add_argument("--base-tree", help="another checkout (e.g. the previous release, `git worktree add`) that "
+                                            "runs the variants labelled <variant>@base, interleaved with this one's")
     parser.add_argument("--out", default="results")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--table-only", action="store_true",
@@ -254,9 +257,13 @@ def main(argv=None):
     except ValueError as exc:
         parser.error(str(exc))
     labels = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in labels if v not in VARIANTS]
+    unknown = [v for v in labels if split_label(v)[0] not in VARIANTS]
     if unknown or not labels:
-        parser.error(f"--variants={args.variants!r} is not allowed: unknown {unknown}; use {list(VARIANTS)}")
+        parser.error(f"--variants={args.variants!r} is not allowed: unknown {unknown}; use {list(VARIANTS)}, each "
+                     "optionally with @base")
+    if any(split_label(v)[1] for v in labels) and not (args.base_tree and os.path.isdir(args.base_tree)):
+        parser.error(f"--base-tree={args.base_tree!r} is not allowed: variants labelled @base need the folder of "
+                     "another checkout")
     if args.epochs is not None and args.epochs < 2:
         parser.error(f"--epochs={args.epochs} is not allowed: it must be >= 2 (the first is warm-up)")
     if args.repeats < 1:

@@ -1,4 +1,4 @@
-"""Cost of one balancing decision, in isolation: the step-time fit, the planning errors and the split.
+"""Cost of one balancing decision, in isolation: the step-time model's update and the split.
 
     python -m benchmarks.decision --workers 4,64,1024
 
@@ -11,44 +11,31 @@ p99 per policy and cluster size over the decisions of every seed (each a
 run of its own), after `--skip` warm-up decisions per run.
 """
 import argparse
-import functools
 import sys
-import time
 
 import numpy as np
 
-from lbbsp import exchange
-from lbbsp.controller import BalanceController
+from lbbsp.allocation import Bounds
 from lbbsp.policies import LBBSPPolicy, make_policy
 
-from .variants import LBBSP_CONFIGS
+from .simulate import drive
 
 __all__ = ["decision_times", "main"]
 
-POLICIES = dict({"pid": lambda: make_policy("pid"), "lbbsp": LBBSPPolicy},
-                **{name: functools.partial(LBBSPPolicy, **config) for name, config in LBBSP_CONFIGS.items()})
+POLICIES = {"pid": lambda: make_policy("pid"), "lbbsp": LBBSPPolicy}
 
 
 def decision_times(policy, num_workers, steps=600, skip=100, seed=0, per_worker_batch=64):
     """Seconds per decide() call of `policy` (a Policy) over `steps` synthetic steps, the first `skip` left out."""
     rng = np.random.default_rng(seed)
-    controller = BalanceController(policy, warmup_steps=0, plan_ahead=1)
-    steps_per_epoch = 20
-    plans = controller.start(num_workers, np.full(steps_per_epoch, per_worker_batch * num_workers))
     base = 1000.0 * rng.choice([1.0, 0.5, 0.25], size=num_workers)
-    gathered = exchange.empty(num_workers)
-    times = []
-    for t in range(steps):
-        epoch, step = divmod(t, steps_per_epoch)
-        batches = plans.pop((epoch, step))
-        speeds = base * np.exp(rng.normal(0.0, 0.1, num_workers))
-        compute = (16.0 + batches) / speeds
-        gathered[:, 0], gathered[:, 1], gathered[:, 2] = speeds, compute.max() - compute, compute
-        start = time.perf_counter()
-        key, decided, _ = controller.decide(epoch, step, gathered, batches)
-        times.append(time.perf_counter() - start)
-        plans[key] = decided
-    return np.array(times[skip:])
+
+    def measure(t, batches):
+        return (16.0 + batches) / (base * np.exp(rng.normal(0.0, 0.1, num_workers)))
+
+    global_batch = per_worker_batch * num_workers
+    runs = drive(policy, "last", np.full(20, global_batch), Bounds.of(num_workers, global_batch), steps, measure)
+    return np.array([seconds for _, _, seconds in runs][skip:])
 
 
 def main(argv=None):

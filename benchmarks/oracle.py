@@ -29,11 +29,27 @@ import json
 
 import numpy as np
 
-from lbbsp.allocation import allocate, predicted_time
+from lbbsp.allocation import Bounds, sanitize, split, step_times
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import Policy
 
-__all__ = ["fit_curves", "save_curves", "load_curves", "CurveBook", "OraclePolicy"]
+__all__ = ["fit_curves", "save_curves", "load_curves", "CurveBook", "OraclePolicy", "best_split", "predicted_time"]
+
+
+def best_split(speeds, global_batch, b_min=1, offsets=None, floors=None):
+    """The min-max split of lbbsp.allocation for known curves (no grid, no hysteresis)."""
+    v = sanitize(speeds, 1.0)
+    zeros = np.zeros_like(v)
+    k = zeros if offsets is None else sanitize(offsets, 0.0, positive=False)
+    f = zeros if floors is None else np.asarray(floors, dtype=np.float64)
+    return split(int(global_batch), Bounds.of(v.size, global_batch, b_min), v, k, f)
+
+
+def predicted_time(batches, speeds, offsets=None, floors=None):
+    """max_i t_i(b_i): the compute time of a synchronous step under known curves."""
+    zeros = np.zeros(np.size(speeds))
+    return float(step_times(batches, np.asarray(speeds, dtype=np.float64), zeros if offsets is None else offsets,
+                            zeros if floors is None else floors).max())
 
 MIN_NOISE_STEPS = 10  # measured steps of a state combination needed to take its noise
 
@@ -127,7 +143,7 @@ class CurveBook:
     def reachable_step(self, step, global_batch, b_min=1):
         """The shortest compute time any integer split reaches at `step` under the curves."""
         k, v = self.at(step)
-        return predicted_time(allocate(v, global_batch, b_min, offsets=k), v, k)
+        return predicted_time(best_split(v, global_batch, b_min, k), v, k)
 
     def noisy_reachable_step(self, step, global_batch, b_min=1):
         """The mean compute time of the split that minimises the expected slowest finish at `step`, under the
@@ -154,7 +170,7 @@ class CurveBook:
             def expected(b):
                 return float(np.mean(np.max((k + b) / v * noise, axis=1)))
 
-            split = _local_search(allocate(v, global_batch, b_min, offsets=k), expected, b_min)
+            split = _local_search(best_split(v, global_batch, b_min, k), expected, b_min)
             compute = (k + split) / v * noise
             slowest = np.max(compute, axis=1)
             balanced = balanced_time(np.broadcast_to(split, compute.shape), compute)
@@ -163,7 +179,7 @@ class CurveBook:
 
     def equal_step(self, step, global_batch):
         k, v = self.at(step)
-        return predicted_time(allocate(np.ones_like(v), global_batch), v, k)
+        return predicted_time(best_split(np.ones_like(v), global_batch), v, k)
 
     def best_static_split(self, steps, global_batch):
         """The fixed split that minimises the summed compute time over `steps` (hindsight), by local search."""
@@ -173,7 +189,7 @@ class CurveBook:
         def total(b):
             return float(np.max((k + b) / v, axis=1).sum())
 
-        best = _local_search(allocate(np.mean(v, axis=0), global_batch, offsets=np.mean(k, axis=0)), total)
+        best = _local_search(best_split(np.mean(v, axis=0), global_batch, offsets=np.mean(k, axis=0)), total)
         return best, total(best) / len(steps)
 
 
@@ -200,31 +216,29 @@ def _local_search(start, cost, b_min=1):
 class OraclePolicy(Policy):
     """Knows every worker's true step-time curve for the coming step (benchmarks only); no hysteresis.
 
-    `truth(step)` returns (offsets k, speeds v) at global step `step` (counted
-    from the start of training); use with warmup_steps=0.
+    `truth(step)` returns (offsets k, speeds v[, floors f]) at global step `step` (counted from the start of
+    training); use with warmup_steps=0.
     """
 
     name = "oracle"
 
     def __init__(self, truth):
         if not callable(truth):
-            raise ValueError(f"truth={truth!r} is not allowed: give a callable step -> (offsets, speeds)")
+            raise ValueError(f"truth={truth!r} is not allowed: give a callable step -> (offsets, speeds[, floors])")
         self.truth = truth
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
+    def start(self, global_batch, bounds):
+        super().start(global_batch, bounds)
         self._next = 0
-        self.batches = self._split(global_batch)
+        self.batches = self.resize(global_batch)
         return self.batches.copy()
-
-    def _split(self, global_batch):
-        k, v = self.truth(self._next)
-        return self._allocate(v, global_batch, offsets=k)
 
     def after_step(self, stats, next_global_batch):
         self._next = stats.target
-        self.batches = self._split(int(self.batches.sum()))
+        self.batches = self.resize(int(self.batches.sum()))
         return self.resize(next_global_batch)
 
     def resize(self, global_batch):
-        return self._split(global_batch)
+        k, v, *f = self.truth(self._next)
+        return split(int(global_batch), self.bounds, sanitize(v, 1.0), sanitize(k, 0.0, positive=False),
+                     np.asarray(f[0] if f else np.zeros_like(v), dtype=np.float64))

@@ -46,6 +46,7 @@ def main(argv=None):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import lbbsp.keras as lb
+    from lbbsp.controller import Plan
 
     from .workloads import image_files, image_loader, load_data
 
@@ -68,7 +69,7 @@ def main(argv=None):
                                               drop_remainder=True, rank=0, size=1)
         sizes = feed.epoch_schedule.of(0)
         for step in range(steps):
-            feed.plan(0, step, [int(sizes[step])])
+            feed.publish(Plan(0, step, np.array([sizes[step]]), np.zeros(1)))
         batches = iter(feed.dataset())
         feed.start_step(0, 0)
         next(batches)

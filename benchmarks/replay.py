@@ -4,7 +4,7 @@
     python -m benchmarks.replay results/static-4/pid/r1 --steps 40-60
 
 Every rank decides from the gathered rows alone (lbbsp.exchange: each rank's
-forecast, wait and compute time, exchanged as float32) and the batch sizes
+forecast and compute time, exchanged as float32) and the batch sizes
 it ran, and a run's per-rank step CSVs hold both. Fed the same rows, a
 BalanceController built as benchmarks.worker builds it for the variant
 (benchmarks.variants; by default the one the folder's path names) makes the
@@ -12,9 +12,10 @@ same decisions. The replay checks that it does, against the batch sizes the
 ranks then ran, and prints for each step what the decision saw: the split
 run and the split decided, each worker's batch-free speed, fixed cost and
 change threshold, the workers whose speed the step-time model saw jump,
-and, for lbbsp's choice in hindsight, the candidate taken, the candidates'
-scores and the planning-error spreads. A recovery slower than it should be
-can then be traced to its cause without running the cluster again.
+the workers whose forecasts it planned with (where they have lately beaten
+their levels), learned floors, and the forgone saving that a move to new batch
+shapes must pay for. A recovery slower than it should be can then be traced
+to its cause without running the cluster again.
 """
 import argparse
 import csv
@@ -26,8 +27,8 @@ import sys
 import numpy as np
 
 from lbbsp import exchange
+from lbbsp.allocation import Bounds, default_multiple
 from lbbsp.controller import BalanceController
-from lbbsp.feed import grids
 from lbbsp.sharding import EpochSchedule
 
 from .variants import VARIANTS, worker_options
@@ -53,10 +54,10 @@ def load_run(run_dir):
     return {name: np.array([[float(rows[i][name]) for rows in ranks] for i in range(steps)]) for name in columns}
 
 
-def replay(run_dir, variant="lbbsp-narx"):
+def replay(run_dir, variant="lbbsp-narx", gpu=False):
     """Feed a run's gathered rows to a controller built for `variant` (its policy, plan_ahead and batch grid as
-    benchmarks.worker sets them); returns (per-step records, decisions that match the split the ranks ran,
-    decisions checked)."""
+    benchmarks.worker sets them; `gpu`: the run trained on GPUs); returns (per-step records, decisions that match
+    the split the ranks ran, decisions checked)."""
     if variant not in VARIANTS or VARIANTS[variant][0] in ("horovod", "oracle"):
         allowed = [v for v, spec in VARIANTS.items() if spec[0] not in ("horovod", "oracle")]
         raise ValueError(f"variant={variant!r} is not allowed: give one whose splits come from timings, {allowed}")
@@ -67,31 +68,30 @@ def replay(run_dir, variant="lbbsp-narx"):
     n = run["batch_size"].shape[1]
     first = epoch == epoch[0]
     schedule = EpochSchedule.from_steps(global_batch[first])
-    grid, finest = grids(int(global_batch[0]), n, args.batch_multiple)  # as the worker's feed sets them
+    grid = args.batch_multiple or default_multiple(int(global_batch[0]), n)  # as the worker's feed sets it
     controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=args.plan_ahead)
-    controller.start(n, schedule, multiple=grid, finest_multiple=finest)
+    controller.start(schedule, Bounds.of(n, int(global_batch[0]), multiple=grid), gpu=gpu)
     policy = controller.policy
     gathered = exchange.empty(n)
     records, matched, checked = [], 0, 0
     ahead = 1 + args.plan_ahead
     for i in range(len(epoch)):
         # The rows travel as float32 (lbbsp.keras.optimizer); the CSVs hold the float64 values before that.
-        for field, column in ((0, "forecast"), (1, "wait"), (2, "compute")):
-            gathered[:, field] = run[column][i].astype(np.float32)
+        for column in ("forecast", "compute"):
+            gathered[:, exchange.FIELDS.index(column)] = run[column][i].astype(np.float32)
         ran = run["batch_size"][i].astype(np.int64)
-        _, decided, _ = controller.decide(int(epoch[i]), int(step[i]), gathered, ran)
+        decided = np.asarray(controller.decide(int(epoch[i]), int(step[i]), gathered, ran)[0].sizes)
         record = {"epoch": int(epoch[i]), "step": int(step[i]), "ran": ran.tolist(), "decided": decided.tolist()}
         if i + ahead < len(epoch):
             checked += 1
             record["match"] = bool(np.array_equal(run["batch_size"][i + ahead].astype(np.int64), decided))
             matched += record["match"]
-        model = policy.model
+        model = getattr(policy, "model", None)
         if model is not None:
-            record.update(speed=model.speeds.tolist(), offset=model.offsets.tolist(),
-                          threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist())
-        if getattr(policy, "variance_aware", None) == "auto":
-            record.update(choice=policy.candidates[policy.choice.best], scores=policy.choice.scores.tolist(),
-                          spread=policy.errors.spread.tolist())
+            record.update(speed=model.speeds.tolist(), offset=model.offsets.tolist(), floor=model.floors.tolist(),
+                          threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist(),
+                          forecast_used=np.flatnonzero(policy._errors[0] < policy._errors[1]).tolist(),
+                          regret=policy._regret, setup=model.setup_cost())
         records.append(record)
     return records, matched, checked
 
@@ -103,9 +103,9 @@ def _line(r):
         text += (f"  speed {np.round(r['speed']).tolist()} k {np.round(r['offset'], 1).tolist()} "
                  f"threshold {np.round(r['threshold'], 2).tolist()}")
         text += f" jumped {r['jumped']}" if r["jumped"] else ""
-    if "choice" in r:
-        text += (f"  choice {r['choice']} scores {np.round(r['scores'], 3).tolist()} "
-                 f"spread {np.round(r['spread'], 2).tolist()}")
+        text += f" floor {np.round(1e3 * np.array(r['floor']), 1).tolist()} ms" if any(r["floor"]) else ""
+        text += f" forecasts of {r['forecast_used']}" if r["forecast_used"] else ""
+        text += f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s)" if r["regret"] else ""
     return text
 
 
@@ -116,6 +116,7 @@ def main(argv=None):
                                           "as benchmarks.compare lays it out, else lbbsp-narx)")
     parser.add_argument("--steps", help="print only global steps FROM-TO (counted from the first step)")
     parser.add_argument("--json", help="also write every step's record to this JSON file")
+    parser.add_argument("--gpu", action="store_true", help="the run trained on GPUs (the set-up cost's prior)")
     args = parser.parse_args(argv)
     variant = args.variant or os.path.basename(os.path.dirname(os.path.normpath(args.run_dir)))
     if args.variant is None and variant not in VARIANTS:
@@ -127,7 +128,7 @@ def main(argv=None):
         except ValueError:
             parser.error(f"--steps={args.steps!r} is not allowed: give FROM-TO, e.g. 40-60")
     try:
-        records, matched, checked = replay(args.run_dir, variant)
+        records, matched, checked = replay(args.run_dir, variant, args.gpu)
     except ValueError as exc:
         parser.error(str(exc))
     for index, record in enumerate(records):

@@ -33,7 +33,7 @@ knows each worker's mean speed at the coming step and the distribution of
 its noise (the profile's spread for "low-noise"; for the others, the spread
 of the deviations in the worker's source trace as a whole, not of this
 run's draws) but not the draw, and splits for the expected slowest finish
-(lbbsp.allocation.tail_speeds); the lagged mean oracle knows the same, but
+(`tail_speeds`); the lagged mean oracle knows the same, but
 of the step just measured, as a causal policy could at best (the mean at
 the coming step is a centred average that reaches into the future). No
 policy can beat the first; the second is reachable by a perfect
@@ -66,25 +66,31 @@ import time
 import numpy as np
 
 from lbbsp import exchange
-from lbbsp.allocation import allocate, predicted_time, tail_speeds
+from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController
 from lbbsp.forecasting import Forecaster
-from lbbsp.policies import LBBSPPolicy
 from predictor.traces import list_traces, read_trace
 
-from .oracle import OraclePolicy
-from .variants import LBBSP_CONFIGS, LIVE_ONLY, SIM_ABLATIONS, VARIANTS
+from .ablation import ABLATIONS
+from .oracle import OraclePolicy, best_split, predicted_time
+from .variants import LIVE_ONLY, VARIANTS
 
-__all__ = ["Cluster", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
+__all__ = ["Cluster", "drive", "simulate", "noise_stats", "main", "POLICY_VARIANTS", "PROFILES"]
 
 PROFILES = ("recorded", "low-noise", "replayed")
 POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not in LIVE_ONLY},
-                       **{"lbbsp-narx-va": ("lbbsp-va", "narx"), "lbbsp-narx-mean": ("lbbsp-mean", "narx"),
-                          "mean-oracle": ("mean-oracle", None),
-                          "lagged-mean-oracle": ("lagged-mean-oracle", None),
-                          "tail-oracle": ("tail-oracle", None),
-                          "lbbsp-narx-noshrink": ("lbbsp-noshrink", "narx")},
-                       **{label: (label, "narx") for label in SIM_ABLATIONS})
+                       **{"mean-oracle": ("mean-oracle", None), "lagged-mean-oracle": ("lagged-mean-oracle", None),
+                          "tail-oracle": ("tail-oracle", None)},
+                       **{name: (name, predictor) for name, (_, _, predictor) in ABLATIONS.items()})
+
+
+def tail_speeds(speeds, spread, z=None):
+    """Speeds that plan for a high quantile of each worker's time instead of its mean: with log-normal noise
+    of standard deviation spread_i, the quantile exp(z spread_i) of its time, z = sqrt(2 ln N) by default
+    (about where the largest of N standard normal draws falls); noisier workers get slack."""
+    v = np.asarray(speeds, dtype=np.float64)
+    s = np.where(np.isfinite(spread), spread, 0.0).clip(0.0, 2.0)
+    return v * np.exp(-(np.sqrt(2.0 * np.log(max(v.size, 2))) if z is None else z) * s)
 
 
 def _rolling_mean(x, window):
@@ -138,7 +144,7 @@ class Cluster:
         if profile not in PROFILES:
             raise ValueError(f"profile={profile!r} is not allowed: use one of {PROFILES}")
         rng = np.random.default_rng(seed)
-        paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith(("steady", "live"))]
+        paths = traces or [p for p in list_traces() if not os.path.basename(p).startswith(("steady", "live", "gpu_"))]
         loaded = [read_trace(p) for p in paths]
         base = rng.choice([1.0, 0.5, 0.25], size=num_workers, p=[0.5, 0.3, 0.2])
         picks = rng.integers(len(loaded), size=num_workers)
@@ -166,7 +172,7 @@ class Cluster:
                                                           for i in picks], axis=1))
         self.noise = np.log(self.speed / self.mean)
         self.tail = self._tails(num_workers, [sources[i] for i in picks] if profile != "low-noise" else None, seed)
-        self.offset, self.comm, self.profile = float(offset), comm, profile
+        self.offset, self.comm, self.profile, self.multiple, self.gpu = float(offset), comm, profile, 1, False
         self.num_workers, self.steps = num_workers, steps
         self._best = {}
 
@@ -206,7 +212,7 @@ class Cluster:
             times = []
             for step in range(self.steps):
                 k, v = self.truth(step)
-                times.append(predicted_time(allocate(v, global_batch, offsets=k), v, k))
+                times.append(predicted_time(best_split(v, global_batch, offsets=k), v, k))
             self._best[global_batch] = np.array(times)
         return self._best[global_batch]
 
@@ -232,41 +238,50 @@ def _policy(name, cluster, lag):
         return OraclePolicy(cluster.tail_truth)
     if name == "lagged-mean-oracle":
         return OraclePolicy(lambda step: cluster.mean_truth(max(step - lag, 0)))
-    if name in LBBSP_CONFIGS:
-        return LBBSPPolicy(**LBBSP_CONFIGS[name])
+    if name in ABLATIONS:
+        return ABLATIONS[name][1]()
     return name
 
 
-def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1):
-    """Run `policy` on the cluster; returns per-step arrays (eta, step time, decision seconds).
+def drive(policy, predictor, schedule, bounds, steps, measure, features=None, plan_ahead=1, gpu=False, warm_shapes=()):
+    """The callback's decision loop, offline: per step, yields (batches run, compute seconds, decision seconds).
 
-    As in the callback, the timings of step t decide the split of step t + 1 + plan_ahead.
+    `measure(t, batches)` gives every worker's compute time at global step t; `features[t, w]` the telemetry
+    worker w's forecaster reads. As in the callback, the timings of step t decide the split of step
+    t + 1 + plan_ahead, and each worker forecasts from its own step just measured, with the fixed cost its
+    plan carries. `gpu`: the workers train on GPUs; `warm_shapes`: batch sizes set up before training
+    (lbbsp.policies.Policy.prepare).
     """
-    n = cluster.num_workers
-    controller = BalanceController(_policy(policy, cluster, 1 + plan_ahead), warmup_steps=0, plan_ahead=plan_ahead)
-    plans = controller.start(n, np.full(steps_per_epoch, global_batch))
+    n = bounds.num_workers
+    controller = BalanceController(policy, warmup_steps=0, plan_ahead=plan_ahead)
+    plans = {plan.key: plan for plan in controller.start(schedule, bounds, warm_shapes=warm_shapes, gpu=gpu)}
     # budget=None: the simulator's clock is not a simulated worker's, and its runs must repeat exactly.
     forecasters = [Forecaster(predictor, budget=None) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
-    best = cluster.best_steps(global_batch)
-    eta, step_time, decide = [], [], []
-    for t in range(cluster.steps):
-        epoch, step = divmod(t, steps_per_epoch)
-        batches = plans.pop((epoch, step))
-        compute = cluster.compute_times(t, batches)
-        step_time.append(compute.max() + cluster.comm)
-        eta.append(best[t] / compute.max())
-        gathered[:, 1] = compute.max() - compute + cluster.comm
-        gathered[:, 2] = compute
+    for t in range(steps):
+        epoch, step = divmod(t, len(schedule))
+        plan = plans.pop((epoch, step))
+        compute = measure(t, plan.sizes)
+        gathered[:, 1], gathered[:, 2] = compute, plan.digest
         if forecasters is not None:
-            # As in the callback: each worker forecasts from its own step just measured, before the exchange.
-            offsets = controller.offsets()
-            gathered[:, 0] = [f.update(batches[w], compute[w], offsets[w], cluster.features[t, w])
-                              for w, f in enumerate(forecasters)]
+            gathered[:, 0] = [f.update(plan.sizes[w], compute[w], plan.offsets[w],
+                                       None if features is None else features[t, w]) for w, f in enumerate(forecasters)]
         start = time.perf_counter()
-        key, decided, _ = controller.decide(epoch, step, gathered, batches)
-        decide.append(time.perf_counter() - start)
-        plans[key] = decided
+        decided, _ = controller.decide(epoch, step, gathered, plan.sizes)
+        seconds = time.perf_counter() - start
+        plans[decided.key] = decided
+        yield plan.sizes, compute, seconds
+
+
+def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1):
+    """Run `policy` on the cluster; returns per-step arrays (eta, step time, decision seconds)."""
+    best = cluster.best_steps(global_batch)
+    bounds = Bounds.of(cluster.num_workers, global_batch, multiple=cluster.multiple)
+    runs = drive(_policy(policy, cluster, 1 + plan_ahead), predictor, np.full(steps_per_epoch, global_batch), bounds,
+                 cluster.steps, cluster.compute_times, cluster.features, plan_ahead, cluster.gpu,
+                 getattr(cluster, "warm_shapes", ()))
+    eta, step_time, decide = zip(*((best[t] / compute.max(), compute.max() + cluster.comm, seconds)
+                                   for t, (_, compute, seconds) in enumerate(runs)))
     return {"eta": np.array(eta), "step_time": np.array(step_time), "decide": np.array(decide)}
 
 
@@ -299,8 +314,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
     parser.add_argument("--profiles", default="recorded,low-noise", help=f"comma-separated, from {PROFILES}")
-    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,lbbsp-narx-mean,lbbsp-narx-va,"
-                                              "oracle,mean-oracle,lagged-mean-oracle,tail-oracle")
+    parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,oracle,mean-oracle,"
+                                              "lagged-mean-oracle,tail-oracle")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, help="steps left out of the averages while policies learn "
                                                   "(default: 50, or a third of a shorter run)")

@@ -34,18 +34,15 @@ global batch 256, grid 8): about 0.33 ms of CPU per sample and a fixed cost
 of 30 samples.
 """
 import argparse
-import functools
 import sys
 
 import numpy as np
 
-from lbbsp import exchange
-from lbbsp.controller import BalanceController
-from lbbsp.forecasting import Forecaster
+from lbbsp.allocation import Bounds
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import LBBSPPolicy, Policy, make_policy
 
-from .variants import LBBSP_CONFIGS
+from .simulate import drive
 
 __all__ = ["QuotaWorker", "quotas", "run", "phase_oracle", "main", "MODES", "POLICIES"]
 
@@ -57,7 +54,6 @@ POLICIES = {
     "pid": (lambda: make_policy("pid"), None),
     "lbbsp-ema": (LBBSPPolicy, "ema"),
     "lbbsp-last": (LBBSPPolicy, "last"),
-    "lbbsp-last-mean": (functools.partial(LBBSPPolicy, **LBBSP_CONFIGS["lbbsp-mean"]), "last"),
 }
 
 
@@ -121,34 +117,25 @@ def run(policy, predictor=None, mode="cfs", steps=320, seed=0, per_sample=0.33e-
         raise ValueError(f"mode={mode!r} is not allowed: use one of {MODES}")
     rng = np.random.default_rng(seed)
     workers = [QuotaWorker(rng.random() * PERIOD) for _ in range(2)]
-    steps_per_epoch = 16
-    controller = BalanceController(policy, warmup_steps=0, plan_ahead=1)
-    plans = controller.start(2, np.full(steps_per_epoch, global_batch), multiple=multiple, finest_multiple=1)
-    forecasters = [Forecaster(predictor, budget=None) for _ in range(2)] if controller.uses_forecast else None
-    gathered = exchange.empty(2)
     full = quotas(0)[0]
-    etas, times, slowed = [], [], []
-    for t in range(steps):
-        epoch, step = divmod(t, steps_per_epoch)
-        batches = plans.pop((epoch, step))
+
+    def measure(t, batches):
         q = quotas(t)
         work = (offset + batches) * per_sample * np.exp(rng.normal(0.0, jitter, 2))
-        if mode == "cfs":
-            compute = np.array([w.advance(x, qi, True) for w, x, qi in zip(workers, work, q)])
-            for w, c, qi in zip(workers, compute, q):
-                w.advance(compute.max() - c, qi, False)
-                w.advance(comm, qi, True)
-        else:
-            compute = work * full / q
+        if mode == "smooth":
+            return work * full / q
+        compute = np.array([w.advance(x, qi, True) for w, x, qi in zip(workers, work, q)])
+        for w, c, qi in zip(workers, compute, q):
+            w.advance(compute.max() - c, qi, False)
+            w.advance(comm, qi, True)
+        return compute
+
+    etas, times, slowed = [], [], []
+    for t, (batches, compute, _) in enumerate(drive(policy, predictor, np.full(16, global_batch),
+                                                    Bounds.of(2, global_batch, multiple=multiple), steps, measure)):
         etas.append(balanced_time(batches, compute) / compute.max())
         times.append(compute.max() + comm)
-        slowed.append(q[1] < q[0])
-        gathered[:, 1], gathered[:, 2] = compute.max() - compute, compute
-        if forecasters is not None:
-            offsets = controller.offsets()
-            gathered[:, 0] = [f.update(batches[i], compute[i], offsets[i]) for i, f in enumerate(forecasters)]
-        key, decided, _ = controller.decide(epoch, step, gathered, batches)
-        plans[key] = decided
+        slowed.append(quotas(t)[1] < quotas(t)[0])
     etas, slowed = np.array(etas), np.array(slowed)
     changes = [i for i in np.flatnonzero(slowed[1:] != slowed[:-1]) + 1 if skip <= i <= steps - 8]
     return {"step": float(np.mean(times[skip:])), "eta": float(np.mean(etas[skip:])),

@@ -45,24 +45,7 @@ def parse(argv=None):
     parser.add_argument("--forecast-budget", default=None,
                         help="LoadBalancer forecast_budget: a share of compute time, or 'none' to run the predictor "
                              "at every step (default: lbbsp.forecasting.FORECAST_BUDGET)")
-    parser.add_argument("--no-shrink-noise", action="store_true",
-                        help="lbbsp policy with shrink_noise=False: every departure of the forecasts moves the split")
-    parser.add_argument("--variance-aware", choices=("auto", "true", "false"), default="auto",
-                        help="lbbsp policy's variance_aware: auto (the default), always (true) or never (false)")
-    parser.add_argument("--no-pool-offsets", action="store_true",
-                        help="lbbsp policy's step-time model fits each worker's fixed cost alone (StepTimeModel pool=False)")
-    parser.add_argument("--candidates", default=",".join(LBBSPPolicy.CANDIDATES),
-                        help="lbbsp policy's candidates for the choice in hindsight, comma-separated, from "
-                             f"{LBBSPPolicy.CANDIDATES}, forecast first (default: all)")
-    parser.add_argument("--calibration", type=int, default=LBBSPPolicy.CALIBRATION,
-                        help="lbbsp policy's calibration: decisions whose split is dithered to identify the fixed "
-                             "costs (0: none)")
-    parser.add_argument("--max-change", type=float, default=None,
-                        help="lbbsp policy's max_change: the factor a worker's batch may move by in one decision "
-                             "unless its speed was measured to jump (default: LBBSPPolicy's)")
-    parser.add_argument("--config", default=None,
-                        help="ablation: extra LBBSPPolicy keyword arguments as JSON (a 'model' dict goes to its "
-                             "StepTimeModel), e.g. '{\"min_gain\": 0}'")
+    parser.add_argument("--min-gain", type=float, default=None, help="lbbsp policy's min_gain (hysteresis)")
     parser.add_argument("--emulate", action="store_true", help="emulate speeds with delays even if cgroups work")
     parser.add_argument("--external", action="store_true",
                         help="speeds are imposed from outside (container CPU limits, real cluster): inject nothing")
@@ -74,19 +57,12 @@ def parse(argv=None):
         except ValueError:
             parser.error(f"--forecast-budget={args.forecast_budget!r} is not allowed: give a number >= 0 or 'none'")
         args.forecast_budget = {"forecast_budget": value}
-    args.candidates = tuple(name.strip() for name in args.candidates.split(","))
-    lbbsp_only = ((args.no_shrink_noise, "--no-shrink-noise"), (args.variance_aware != "auto", "--variance-aware"),
-                  (args.no_pool_offsets, "--no-pool-offsets"),
-                  (args.candidates != LBBSPPolicy.CANDIDATES, "--candidates"),
-                  (args.calibration != LBBSPPolicy.CALIBRATION, "--calibration"),
-                  (args.max_change is not None, "--max-change"), (args.config is not None, "--config"))
-    for given, option in lbbsp_only:
-        if given and args.policy != "lbbsp":
-            parser.error(f"{option} is an option of --policy lbbsp, not of --policy {args.policy}")
+    if args.min_gain is not None and args.policy != "lbbsp":
+        parser.error(f"--min-gain is an option of --policy lbbsp, not of --policy {args.policy}")
     try:  # the policy's own check, before horovodrun starts every rank
-        make_policy(argparse.Namespace(**dict(vars(args), policy="lbbsp")))
+        make_policy(args)
     except ValueError as exc:
-        parser.error(f"--candidates, --calibration or --max-change: {exc}")
+        parser.error(f"--min-gain: {exc}")
     if args.policy == "oracle" and not args.curves:
         parser.error("--policy oracle needs --curves (benchmarks.compare measures them from the other variants)")
     return args
@@ -94,16 +70,10 @@ def parse(argv=None):
 
 def make_policy(args):
     """The policy of parsed options, as the LoadBalancer takes it: a name, or an LBBSPPolicy with the lbbsp
-    options (left at their defaults they give what the name "lbbsp" makes). Not the oracle, which needs curves."""
-    if args.policy != "lbbsp":
+    options. Not the oracle, which needs curves."""
+    if args.policy != "lbbsp" or args.min_gain is None:
         return args.policy
-    aware = {"auto": "auto", "true": True, "false": False}[args.variance_aware]
-    extra = {} if args.max_change is None else {"max_change": args.max_change}
-    config = json.loads(args.config) if args.config else {}
-    model = dict({"pool": not args.no_pool_offsets}, **config.pop("model", {}))
-    return LBBSPPolicy(shrink_noise=not args.no_shrink_noise, variance_aware=aware,
-                       model=model, candidates=args.candidates,
-                       calibration=args.calibration, **extra, **config)
+    return LBBSPPolicy(min_gain=args.min_gain)
 
 
 class ScenarioDriver:
@@ -196,7 +166,7 @@ def main(argv=None):
 
     x, y, x_test, y_test = load_data(scenario.workload, seed=0, num_samples=scenario.num_samples)
     model = build_model(scenario.workload, hidden=scenario.hidden, seed=args.seed)
-    base_opt = tf.keras.optimizers.SGD(0.05 if scenario.workload in ("cnn", "conv") else 0.01, momentum=0.9)
+    base_opt = tf.keras.optimizers.SGD({"cnn": 0.03, "conv": 0.05}.get(scenario.workload, 0.01), momentum=0.9)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     driver = ScenarioDriver(scenario, rank, args.emulate, args.external)

@@ -1,22 +1,55 @@
-"""The global per-step decision of load-balanced BSP, without Keras (the callback and the simulator drive it).
+"""The global per-step decision of load-balanced BSP, without Keras (the balancer, the simulator and the replay
+drive it).
 
 Every rank holds one BalanceController and feeds it the same gathered rows
 (lbbsp.exchange), so every rank arrives at the same batch sizes. The rows of
 step t decide the split of step t + 1 + plan_ahead: with plan_ahead = 1 (the
 default) the decision is computed while step t + 1 runs, off the critical
-path, and the data for a step is known a whole step before it starts.
-Forecasting is per worker (lbbsp.forecasting); per-step records are
-lbbsp.history's.
+path, and the data for a step is known a whole step before it starts. A
+decision is published as a `Plan`, an immutable snapshot of everything the
+train thread needs for that step.
 """
+import dataclasses
+import logging
+
 import numpy as np
 
-from .exchange import Row
+from .allocation import Bounds
+from .consistency import digest
+from .exchange import unpack
 from .membership import worker_index
 from .metrics import balanced_time
-from .policies import StepStats, make_policy
+from .policies import Policy, StepStats, make_policy
 from .sharding import EpochSchedule
 
-__all__ = ["BalanceController"]
+__all__ = ["BalanceController", "Plan"]
+
+log = logging.getLogger(__name__)
+
+
+def _frozen(values, dtype):
+    out = np.array(values, dtype=dtype)
+    out.setflags(write=False)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The split of step (epoch, step), with what the train thread needs to run it: each worker's fixed cost
+    in samples (which turns its timing into its batch-free speed) and the split's digest."""
+
+    epoch: int
+    step: int
+    sizes: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def key(self):
+        return self.epoch, self.step
+
+    @property
+    def digest(self):
+        return digest(self.sizes)
 
 
 class BalanceController:
@@ -27,6 +60,7 @@ class BalanceController:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= 0")
         self.policy = make_policy(policy)
+        self._failed = False
         self.warmup_steps = warmup_steps
         self.plan_ahead = plan_ahead
 
@@ -34,90 +68,94 @@ class BalanceController:
     def uses_forecast(self):
         return self.policy.uses_forecast
 
-    def offsets(self):
-        """Each worker's fixed per-step cost in samples (zeros for policies without a step-time model)."""
-        model = self.policy.model
-        return model.offsets if model is not None else np.zeros(self.size)
+    def start(self, schedule, bounds, epoch=0, step=0, warm_shapes=(), gpu=False):
+        """Reset per-run state; return the Plans of the first 1 + plan_ahead steps.
 
-    def start(self, size, schedule, b_min=1, b_max=None, epoch=0, step=0, multiple=1, finest_multiple=None):
-        """Reset per-run state; return {(epoch, step): batch sizes} of the first 1 + plan_ahead steps.
-
-        `schedule`: the global batch of each step of an epoch, or an
-        `lbbsp.sharding.EpochSchedule` (whose resumed epoch may be shorter).
-        `multiple`: the batch grid (lbbsp.allocation); `finest_multiple`: the finest grid the policy may
-        refine it to (lbbsp.policies.Policy.start; None: keep it).
+        `schedule`: the global batch of each step of an epoch, or an `lbbsp.sharding.EpochSchedule` (whose
+        resumed epoch may be shorter); `bounds`: lbbsp.allocation.Bounds; `warm_shapes`: batch sizes every
+        worker has set up before training; `gpu`: some worker trains on a GPU.
         """
-        self.size = int(size)
         if not isinstance(schedule, EpochSchedule):
             schedule = EpochSchedule.from_steps(schedule)
-        self.schedule = schedule
-        self.b_min, self.b_max = b_min, b_max
+        if not isinstance(bounds, Bounds):
+            raise ValueError(f"bounds={bounds!r} is not allowed: give a lbbsp.allocation.Bounds")
+        self.schedule, self.size = schedule, bounds.num_workers
         epoch, step = schedule.after(epoch, step, 0)
-        first = self.policy.start(size, int(schedule.of(epoch)[step]), b_min, b_max, multiple, finest_multiple)
-        self.batch_sizes = np.asarray(first, dtype=np.int64)
+        self.policy.start(int(schedule.of(epoch)[step]), bounds)
+        self.policy.prepare(warm_shapes, gpu)
         self.steps_seen = 0
         return self.initial_plans(epoch, step)
 
+    def _plan(self, key, sizes):
+        model = getattr(self.policy, "model", None)
+        offsets = model.offsets if model is not None else np.zeros(self.size)
+        return Plan(*key, _frozen(sizes, np.int64), _frozen(offsets, np.float64))
+
     def initial_plans(self, epoch=0, step=0):
         """The current split for (epoch, step) and the plan_ahead steps after it (at the start or a resume)."""
-        plans = {}
-        for ahead in range(self.plan_ahead + 1):
-            e, s = self.schedule.after(epoch, step, ahead)
-            plans[(e, s)] = np.asarray(self.policy.resize(int(self.schedule.of(e)[s])), dtype=np.int64)
-        return plans
-
-    def rejoin(self, state, old_workers, new_workers):
-        """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`.
-
-        A worker in both keeps its estimates; a newcomer starts from the mean
-        of the others' (lbbsp.membership); the split is recomputed for the new
-        set. Call after `start` (the new size and schedule). Returns the
-        index of each new worker among the old ones (-1: new).
-        """
-        index = worker_index(old_workers, new_workers)
-        if state.get("policy") != self.policy.name:
-            raise ValueError(f"a saved state of policy {state.get('policy')!r} cannot continue policy "
-                             f"{self.policy.name!r}")
-        self.policy.rejoin(state["state"], index, int(self.batch_sizes.sum()))
-        self.batch_sizes = np.asarray(self.policy.batches, dtype=np.int64).copy()
-        return index
+        keys = [self.schedule.after(epoch, step, ahead) for ahead in range(self.plan_ahead + 1)]
+        return [self._plan(key, self.policy.resize(int(self.schedule.of(key[0])[key[1]]))) for key in keys]
 
     def decide(self, epoch, step, gathered, sizes):
-        """Split of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with `sizes`.
-
-        Returns ((epoch, step) the split is for, batch sizes, StepStats of the measured step).
-        """
-        row = Row(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
-        t_epoch, t_step = self.schedule.after(epoch, step, 1 + self.plan_ahead)
-        next_global = int(self.schedule.of(t_epoch)[t_step])
+        """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with
+        `sizes`; and the StepStats of the measured step."""
+        row = unpack(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
+        key = self.schedule.after(epoch, step, 1 + self.plan_ahead)
+        next_global = int(self.schedule.of(key[0])[key[1]])
         stats = StepStats(step=self.schedule.index(epoch, step), batches=np.asarray(sizes, dtype=np.int64).copy(),
-                          compute=row.compute, wait=row.wait, forecast=row.forecast,
-                          target=self.schedule.index(t_epoch, t_step))
+                          compute=row.compute, forecast=row.forecast, target=self.schedule.index(*key),
+                          horizon=self.schedule.steps_in(key[0]) - key[1])
         self.steps_seen += 1
         if self.steps_seen <= self.warmup_steps:
             # The first steps trace the train function (twice in Keras 2.15): their timings say nothing.
-            sizes = self.policy.resize(next_global)
+            self.policy.seen(stats.batches)
+            decided = self.policy.resize(next_global)
         else:
-            sizes = self.policy.after_step(stats, next_global)
-        if t_step == 0:
-            sizes = self.policy.after_epoch(next_global)
-        self.batch_sizes = np.asarray(sizes, dtype=np.int64)
-        return (t_epoch, t_step), self.batch_sizes.copy(), stats
+            decided = self._guarded(self.policy.after_step, stats, next_global)
+        if key[1] == 0:
+            decided = self._guarded(self.policy.after_epoch, next_global)
+        return self._plan(key, decided), stats
+
+    def _guarded(self, decide, *args):
+        """A policy that raises keeps its split (resized): training goes on, with one warning. A deterministic
+        failure fails alike on every rank; one that is not shows in the digests and is resynced."""
+        try:
+            return decide(*args)
+        except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
+            if not self._failed:
+                log.warning("lbbsp: the %s policy raised %r; keeping its current split (warned once)",
+                            self.policy.name, exc)
+            self._failed = True
+            return Policy.resize(self.policy, args[-1])
 
     def state(self):
-        """The decision state (next split, policy state), identical on every rank; for checkpoints."""
-        return {"policy": self.policy.name, "batch_sizes": self.batch_sizes.copy(), "state": self.policy.state()}
+        """The decision state, identical on every rank; for checkpoints."""
+        return {"policy": self.policy.name, "steps_seen": self.steps_seen, "state": self.policy.state()}
 
-    def load_state(self, state):
-        """Continue from `state()`; a state of another policy or size raises ValueError."""
+    def _check(self, state):
         if state.get("policy") != self.policy.name:
             raise ValueError(f"a saved state of policy {state.get('policy')!r} cannot continue policy "
                              f"{self.policy.name!r}")
+
+    def load_state(self, state):
+        """Continue from `state()`; a state of another policy or size raises ValueError."""
+        self._check(state)
         self.policy.load_state(state["state"])
-        sizes = np.asarray(state["batch_sizes"], dtype=np.int64)
-        if sizes.shape != self.batch_sizes.shape:
-            raise ValueError(f"a saved split for {sizes.size} workers cannot continue with {self.size}")
-        self.batch_sizes = sizes
+        self.steps_seen = int(state["steps_seen"])
+
+    def rejoin(self, state, old_workers, new_workers):
+        """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`; call after
+        `start` (the new size and schedule). A worker in both keeps its estimates, a newcomer starts from the
+        mean of the others' (lbbsp.membership). Returns each new worker's index among the old ones (-1: new)."""
+        self._check(state)
+        index = worker_index(old_workers, new_workers)
+        self.policy.rejoin(state["state"], index, int(self.policy.batches.sum()))
+        self.steps_seen = int(state["steps_seen"])
+        return index
+
+    @property
+    def batch_sizes(self):
+        return self.policy.batches.copy()
 
     @staticmethod
     def balance(stats):

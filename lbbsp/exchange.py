@@ -6,25 +6,24 @@ N x len(FIELDS) matrix of zeros, so the sum holds every rank's row). Fields:
 - ``forecast``: this worker's forecast of its batch-free speed for the next
   step (samples/s at zero fixed cost, see lbbsp.steptime), NaN when its
   policy forecasts nothing;
-- ``wait``: seconds this worker spent blocked in the previous step's allreduce;
 - ``compute``: seconds this worker was busy in this step before it could join
-  the allreduce: from the end of the previous allreduce to the moment its
-  gradients were ready, plus the plugin's work that followed that moment in
-  the previous step (the forecast, lbbsp.keras.optimizer);
+  the allreduce (lbbsp.keras.optimizer);
 - ``split``: a digest of the split this worker ran in this step
-  (lbbsp.consistency.digest): the ranks compare them, since every rank
-  must run the same split.
+  (lbbsp.consistency.digest): every rank must run the same split.
 
 Everything else a decision needs (the batch sizes) is already known to every
 rank, so nothing else travels.
 """
+import collections
+
 import numpy as np
 
-__all__ = ["FIELDS", "Row", "empty", "pack_local"]
+__all__ = ["FIELDS", "Gathered", "empty", "pack_local", "unpack"]
 
 #: Every column, in order.
-FIELDS = ("forecast", "wait", "compute", "split")
-_INDEX = {name: i for i, name in enumerate(FIELDS)}
+FIELDS = ("forecast", "compute", "split")
+#: The gathered columns by name, each an array with one entry per worker.
+Gathered = collections.namedtuple("Gathered", FIELDS)
 
 
 def empty(num_workers, dtype=np.float64, fill=np.nan):
@@ -39,19 +38,11 @@ def pack_local(out, rank, **values):
         raise ValueError(f"fields {sorted(unknown)} are not allowed: the exchanged row has {FIELDS}")
     out[:] = 0.0
     for name, value in values.items():
-        out[rank, _INDEX[name]] = value
+        out[rank, FIELDS.index(name)] = value
     return out
 
 
-class Row:
-    """A gathered matrix read by field name: ``Row(m).compute`` is every worker's compute time."""
-
-    __slots__ = ("matrix",)
-
-    def __init__(self, matrix):
-        self.matrix = np.asarray(matrix, dtype=np.float64)
-
-    def __getattr__(self, name):
-        if name in _INDEX:
-            return self.matrix[:, _INDEX[name]]
-        raise AttributeError(name)
+def unpack(matrix):
+    """The gathered (N, len(FIELDS)) matrix as named columns (float64)."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    return Gathered(*(matrix[:, i] for i in range(len(FIELDS))))

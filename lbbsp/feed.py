@@ -1,22 +1,24 @@
 """The data side of load-balanced BSP: which samples this worker reads at each step (numpy only).
 
 `BatchFeed` serves, at step t of an epoch, this worker's sub-slice of the
-global batch under the batch sizes decided for step t (see sharding.py). The
-callback plans steps in order as soon as their split is known (with
-plan_ahead = 1, a step before they run); the input pipeline may read up to
-`prefetch` planned steps ahead of the step that trains, never more. The feed
-records what it served, so the callback can check that every step read
-exactly the batch decided for it, once.
+global batch under the batch sizes decided for step t (see sharding.py). It
+holds the one queue of decided plans (lbbsp.controller.Plan): the balancer
+publishes each step's plan as soon as it is decided (with plan_ahead = 1, a
+step before it runs), the input pipeline may read up to `prefetch` published
+steps ahead of the step that trains, never more, and the train thread takes
+the plan of the step it runs from the same queue. The feed records what it
+served, so the balancer can check that every step read exactly the batch
+decided for it, once.
 """
 import collections
 import threading
 
 import numpy as np
 
-from .allocation import default_multiple, validate_bounds
+from .allocation import Bounds, default_multiple
 from .sharding import EpochSchedule, epoch_permutation, local_indices
 
-__all__ = ["BatchFeed", "ArraySource", "FunctionSource", "grids"]
+__all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
 
 
 def _flatten(structure):
@@ -68,15 +70,6 @@ class FunctionSource:
         return self.fn(np.asarray(indices, dtype=np.int64))
 
 
-def grids(global_batch, size, batch_multiple=None):
-    """(batch grid, finest grid a policy may refine it to) of a feed of `size` workers: `batch_multiple` for
-    both where given (a given grid is kept as it is), else lbbsp.allocation.default_multiple and the default
-    grid that leaves the equal share 16 steps instead of 8 (one halving for B / N = 64)."""
-    if batch_multiple is not None:
-        return batch_multiple, batch_multiple
-    return default_multiple(global_batch, size), default_multiple(global_batch, size, steps=16)
-
-
 class BatchFeed:
     """This worker's share of every global batch under changing per-worker batch sizes.
 
@@ -98,7 +91,7 @@ class BatchFeed:
             raise ValueError(f"num_samples={n!r} is not allowed: the data must hold at least one sample")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed={seed!r} is not allowed: it must be an integer")
-        validate_bounds(1, global_batch, b_min)
+        Bounds.of(1, global_batch, b_min)
         integer = isinstance(batch_multiple, (int, np.integer)) and not isinstance(batch_multiple, bool)
         if batch_multiple is not None and not (integer and batch_multiple >= 1):
             raise ValueError(f"batch_multiple={batch_multiple!r} is not allowed: it must be None (automatic) or an "
@@ -132,11 +125,11 @@ class BatchFeed:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
             raise ValueError(f"rank={rank!r} is not allowed with size={size}: it must be an integer in [0, size)")
         if global_batch is not None:
-            validate_bounds(1, global_batch, self.b_min)
+            Bounds.of(1, global_batch, self.b_min)
         global_batch = self.global_batch if global_batch is None else int(global_batch)
         schedule = EpochSchedule(self.num_samples, global_batch, size, self.b_min, self.drop_remainder, resume)
         largest = int(schedule.full.max())
-        _, _, upper = validate_bounds(size, global_batch, self.b_min, self.b_max)
+        upper = Bounds.of(size, global_batch, self.b_min, self.b_max).upper
         if self.b_max is not None and largest > int(upper.sum()):
             raise ValueError(
                 f"b_max={self.b_max!r} is not allowed: the last step of an epoch holds {largest} samples "
@@ -149,12 +142,7 @@ class BatchFeed:
     @property
     def grid(self):
         """The batch grid in use: `batch_multiple`, or the default for this global batch and number of workers."""
-        return grids(self.global_batch, self.size, self.batch_multiple)[0]
-
-    @property
-    def finest_grid(self):
-        """The finest grid a policy may refine `grid` to (see `grids`)."""
-        return grids(self.global_batch, self.size, self.batch_multiple)[1]
+        return self.batch_multiple or default_multiple(self.global_batch, self.size)
 
     @property
     def steps_per_epoch(self):
@@ -165,7 +153,8 @@ class BatchFeed:
         """Forget all plans (start of training); readers of an earlier dataset stop."""
         with self._cond:
             self.generation += 1
-            self._plans = collections.OrderedDict()
+            self._published = collections.OrderedDict()  # (epoch, step) -> Plan, until training passes the step
+            self._unread = collections.deque()
             self._served = collections.OrderedDict()
             self._perms = {}
             self._training = None
@@ -181,41 +170,48 @@ class BatchFeed:
     def _index(self, key):
         return self.epoch_schedule.index(*key)
 
-    def _checked(self, epoch, step, batches):
-        batches = np.asarray(batches, dtype=np.int64)
-        total = int(self.epoch_schedule.of(epoch)[step])
-        if batches.shape != (self.size,) or int(batches.sum()) != total:
-            raise ValueError(
-                f"batches={batches.tolist()} is not allowed at step {step}: it needs {self.size} sizes "
-                f"summing to {total}"
-            )
-        return batches
+    def _checked(self, plan):
+        sizes = np.asarray(plan.sizes, dtype=np.int64)
+        total = int(self.epoch_schedule.of(plan.epoch)[plan.step])
+        if sizes.shape != (self.size,) or int(sizes.sum()) != total:
+            raise ValueError(f"batches={sizes.tolist()} is not allowed at step {plan.step}: it needs {self.size} "
+                             f"sizes summing to {total}")
+        return plan
 
-    def plan(self, epoch, step, batches):
-        """Plan step `step` of `epoch` under per-worker sizes `batches` (steps are planned in order)."""
-        batches = self._checked(epoch, step, batches)
-        key = (int(epoch), int(step))
+    def publish(self, plan):
+        """Queue a step's `lbbsp.controller.Plan` (steps are published in order; a step published twice keeps
+        its first plan)."""
+        self._checked(plan)
         with self._cond:
-            if key not in self._plans and key not in self._served:
-                self._plans[key] = batches
+            if plan.key not in self._published and plan.key not in self._served:
+                self._published[plan.key] = plan
+                self._unread.append(plan.key)
                 self._cond.notify_all()
 
-    def replan(self, epoch, step, batches):
+    def replace(self, plan):
         """Replace the plan of a step not read yet (the ranks had planned it differently); False once it was read."""
-        key = (int(epoch), int(step))
+        self._checked(plan)
         with self._cond:
-            if key in self._served:
+            if plan.key in self._served:
                 return False
-            if key in self._plans:  # in place: the reader takes the steps in the order they were planned
-                self._plans[key] = self._checked(epoch, step, batches)
+            if plan.key in self._published:
+                self._published[plan.key] = plan
                 return True
-        self.plan(epoch, step, batches)
+        self.publish(plan)
         return True
+
+    def plan_of(self, epoch, step):
+        """The published Plan of (epoch, step), or None."""
+        with self._cond:
+            return self._published.get((int(epoch), int(step)))
 
     def start_step(self, epoch, step):
         """The step that trains now: the reader may be at most `prefetch` steps ahead of it."""
+        key = (int(epoch), int(step))
         with self._cond:
-            self._training = (int(epoch), int(step))
+            self._training = key
+            for old in [k for k in self._published if self._index(k) < self._index(key)]:
+                del self._published[old]
             self._cond.notify_all()
 
     def served(self, epoch, step):
@@ -251,8 +247,8 @@ class BatchFeed:
             while True:
                 if self._closed or (generation is not None and generation != self.generation):
                     return None
-                if self._plans:
-                    key = next(iter(self._plans))
+                if self._unread:
+                    key = self._unread[0]
                     if self._training is not None and self._index(key) - self._index(self._training) > self.prefetch:
                         raise RuntimeError(
                             f"lbbsp: the input pipeline read step {key[1]} of epoch {key[0]} while step "
@@ -260,7 +256,7 @@ class BatchFeed:
                             "dataset was wrapped (.shuffle, .batch, .prefetch, ...) after feed.dataset(); pass it "
                             "to fit unchanged and set BalancedFeed(..., prefetch=k) for read-ahead"
                         )
-                    batches = self._plans.pop(key)
+                    batches = self._published[self._unread.popleft()].sizes
                     break
                 if not self._cond.wait(timeout):
                     raise RuntimeError(

@@ -1,24 +1,11 @@
 """One worker's forecast of its next batch-free speed, guarded so that it never fails a training step.
 
-Used as is by the Keras callback (one per rank) and by the simulator (one per
-simulated worker). The measurement fed to the predictor is the batch-free
-speed (b + k) / t, where k is the worker's fixed per-step cost in samples from
-the shared step-time model (lbbsp.steptime): it does not depend on the batch
-the balancer chose, so the predictor forecasts the worker, not the policy.
-
-A forecast runs on the step's critical path (between this worker's gradients
-and its allreduce), so it must cost less than it can gain. The Forecaster
-times its predictor and, where the predictor takes more than `budget` of the
-worker's compute time, forecasts the last measured speed instead (the
-baseline every predictor is scored against), re-timing the predictor every
-`probe_every` steps. On a CPU worker held to a fraction q of a core each
-millisecond of CPU costs 1/q of wall time on average (the quota's stall lands
-somewhere in the step), so the NARX's 0.2-0.4 ms of CPU becomes 1.5-3 ms on a
-0.15-core worker; on a GPU worker, whose step is long and whose CPU is not
-held back, it stays far below 1%.
+Used as is by the Keras callback (one per rank) and by the simulator (one per simulated worker). The
+predictor sees the batch-free speed (b + k) / t, which does not depend on the batch the balancer chose. A
+forecast runs on the step's critical path, so where the predictor costs more than `budget` of the worker's
+compute time the worker forecasts its last measured speed instead (docs/method.md, section 2).
 """
 import collections
-import concurrent.futures
 import logging
 import math
 import time
@@ -28,13 +15,12 @@ from predictor.base import is_valid_speed
 
 from .steptime import batch_free_speed
 
-__all__ = ["Forecaster", "Background", "FORECAST_BUDGET", "check_budget"]
+__all__ = ["Forecaster", "FORECAST_BUDGET", "check_budget"]
 
 log = logging.getLogger(__name__)
 
-#: Default share of a worker's compute time its predictor may take per step. The shipped NARX
-#: forecasts at best a few per cent better than the last measured speed (README, "Speed predictor"),
-#: worth about that share of the step a forecast error costs: 1% keeps it where it is nearly free.
+#: Default share of a worker's compute time its predictor may take per step (its gain over the last speed is
+#: a few per cent of forecast error, worth about that share of a step).
 FORECAST_BUDGET = 0.01
 #: Recent measurements (predictor cost, compute time) whose median the budget compares.
 _TIMINGS = 5
@@ -53,26 +39,13 @@ def check_budget(budget):
 class Forecaster:
     """Runs a `predictor.SpeedPredictor` on one worker's batch-free speeds; never raises, never returns junk.
 
-    An exception, a forecast that is NaN, inf or <= 0, or one that is finite
-    but absurd (more than `absurd` times above the fastest or below the
-    slowest speed this worker ever measured) is replaced by the last good
-    forecast (before any, the last measured speed), with one warning per kind
-    of failure.
-
-    Cost: the predictor's expected wall time per forecast (with the time
-    its machine readings took, for a predictor that reads them), the larger of
-    its median wall time (a co-located process that shares the core shows
-    there) and its median CPU time divided by the share of a core the
-    worker may use (a CFS quota stalls the worker once the period's quota
-    is spent, wherever that falls), over its last few timings, is compared
-    with `budget` times the worker's compute time (median of the last few
-    steps). Over budget, the forecast is the last measured speed, the
-    predictor still observes every step (an append) and every `probe_every`
-    steps it forecasts once more to be re-timed; `wants_features` then asks
-    for machine readings only in the steps whose window that forecast reads.
-    `budget=None` always runs it. Each rank decides for itself from its own
-    clock; the decision reads only the gathered forecasts, so ranks cannot
-    disagree. `model_steps` and `last_value_steps` count the two cases.
+    An exception, a forecast that is NaN, inf or <= 0, or one more than `absurd` times outside the speeds this
+    worker ever measured is replaced by the last good forecast, with one warning per kind of failure. The
+    predictor's cost is the larger of its median wall time and its median CPU time over the worker's share
+    of a core (a CFS quota stretches CPU into wall time), the machine readings it needs included; over
+    `budget` times the worker's median compute time, the forecast is the last measured speed and the
+    predictor is re-timed every `probe_every` steps (`budget=None`: always run it). Each rank decides this
+    from its own clock; the decision reads only the gathered forecasts, so ranks cannot disagree.
     """
 
     def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,
@@ -84,6 +57,7 @@ class Forecaster:
         self.budget = check_budget(budget)
         self.probe_every = probe_every
         self._clock, self._cpu_clock = clock, cpu_clock
+        self._named = predictor if isinstance(predictor, str) else None
         self.predictor = make_predictor(predictor)
         self.absurd = float(absurd)
         self._warned = set()
@@ -92,6 +66,16 @@ class Forecaster:
     @property
     def name(self):
         return self.predictor.name
+
+    def use_device(self, gpu):
+        """A predictor given by name forecasts with its model for the device the worker trains on (the GPU
+        NARX reads the GPU's readings); an instance is kept as it is."""
+        if self._named is not None:
+            wanted = make_predictor(self._named, device="gpu" if gpu else "cpu")
+            if type(wanted) is not type(self.predictor) or getattr(wanted, "device", None) != \
+                    getattr(self.predictor, "device", None):
+                self.predictor = wanted
+                self.reset()
 
     @property
     def uses_features(self):
@@ -110,6 +94,7 @@ class Forecaster:
         self._over = False
         self._cpu_share = 1.0
         self.switches = 0
+        self.shapes = set()
         try:
             self.predictor.reset()
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
@@ -153,6 +138,12 @@ class Forecaster:
                     else "forecasting with it again")
         return not over
 
+    def _observe(self, speed, features):
+        try:
+            self.predictor.observe(speed, features)
+        except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
+            self._warn("raise", f"predictor {self.name!r} raised {exc!r}")
+
     def update(self, batch, compute, offset=0.0, features=None, cpu_share=1.0, features_cost=(0.0, 0.0)):
         """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast.
 
@@ -162,6 +153,12 @@ class Forecaster:
         counted in the cost of a predictor that uses them.
         """
         self._cpu_share = float(cpu_share) if 0.0 < cpu_share <= 1.0 else 1.0
+        if int(batch) not in self.shapes:
+            # The first step at a batch size this worker has not run includes that shape's set-up (cuDNN
+            # autotuning: seconds on a GPU): no measurement of its speed; the forecast stays the last one.
+            self.shapes.add(int(batch))
+            self._observe(math.nan, features)
+            return self.last_good if is_valid_speed(self.last_good) else self.last_speed
         speed = batch_free_speed(batch, compute, offset)
         if is_valid_speed(speed):
             self.last_speed = speed
@@ -171,10 +168,7 @@ class Forecaster:
         if not self._affordable():
             self._since_model += 1
             self.last_value_steps += 1
-            try:
-                self.predictor.observe(speed, features)
-            except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
-                self._warn("raise", f"predictor {self.name!r} raised {exc!r}")
+            self._observe(speed, features)
             return self.last_speed if is_valid_speed(self.last_speed) else self.last_good
         self._since_model = 0
         self.model_steps += 1
@@ -204,20 +198,3 @@ class Forecaster:
 
 def _median(values):
     return float(sorted(values)[len(values) // 2]) if values else math.nan
-
-
-class Background:
-    """One thread that runs a rank's decisions in order, off the training step."""
-
-    def __init__(self):
-        self._pool = None
-
-    def submit(self, fn, *args):
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lbbsp")
-        return self._pool.submit(fn, *args)
-
-    def close(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None

@@ -1,17 +1,17 @@
 """Carry per-worker state across a change of the set of workers (elastic training; numpy only).
 
 Workers are known by a stable identity (e.g. "host:local_rank"), not by rank:
-ranks are handed out anew after every membership change. Per-worker state is
-re-indexed from the old workers to the new ones; a newcomer gets a prior, the
-mean of the workers that stay (booleans False, integers 0), so the split for
-the new set can be computed at once and the newcomer's own measurements
-correct it within a few steps.
+ranks are handed out anew after every membership change. Every stateful part
+declares its per-worker fields by name with what a newcomer starts from (e.g.
+`StepTimeModel.PER_WORKER`): "mean", the mean of the workers that stay (an
+estimate the newcomer's own measurements soon correct), or a value (an
+observation it has not made yet, such as no sums, no floor, no batch shapes).
 """
 import warnings
 
 import numpy as np
 
-__all__ = ["worker_index", "remap_workers"]
+__all__ = ["worker_index", "remap"]
 
 
 def worker_index(old, new):
@@ -24,44 +24,30 @@ def worker_index(old, new):
     return np.array([where.get(worker, -1) for worker in new], dtype=np.int64)
 
 
-def _remap_array(values, index, empty=None):
+def _remap_array(values, index, newcomer):
     values = np.asarray(values)
-    known = index[index >= 0]
     out = values[..., np.maximum(index, 0)].copy()
-    newcomers = index < 0
-    if not newcomers.any():
-        return out
-    if empty is not None:
-        prior = empty
-    elif values.dtype == bool:
-        prior = False
-    elif np.issubdtype(values.dtype, np.integer):
-        prior = 0
-    else:
-        stays = values[..., known].astype(np.float64)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row has a NaN prior, as intended
-            prior = np.nanmean(stays, axis=-1, keepdims=True) if known.size else np.nan
-    out[..., newcomers] = prior
+    joined = index < 0
+    if joined.any():
+        if isinstance(newcomer, str):  # "mean"
+            stays = values[..., index[index >= 0]].astype(np.float64)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row gives a NaN prior, as intended
+                newcomer = np.nanmean(stays, axis=-1, keepdims=True) if stays.size else np.nan
+        out[..., joined] = newcomer
     return out
 
 
-def remap_workers(state, index, old_size, empty=None, _key=None):
-    """`state` with every per-worker array re-indexed by `index` (see `worker_index`).
-
-    Convention (kept by every policy and the step-time model): an array
-    whose last axis has `old_size` entries is per worker along that axis;
-    dicts, lists and tuples are walked; anything else is kept as it is.
-    `empty` maps the keys of observations (not estimates) to the value a
-    newcomer starts with instead of the mean, e.g. {"_sums": 0.0}: its own
-    first measurements then count in full.
-    """
+def remap(state, index, per_worker):
+    """`state` (a dict) with each field named in `per_worker` re-indexed by `index` (see `worker_index`): a
+    numpy array along its last axis, a list item by item; a newcomer's entry is what `per_worker` names for it.
+    Other fields are kept as they are."""
     index = np.asarray(index, dtype=np.int64)
-    empty = empty or {}
-    if isinstance(state, dict):
-        return {key: remap_workers(value, index, old_size, empty, key) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(remap_workers(value, index, old_size, empty, _key) for value in state)
-    if isinstance(state, np.ndarray) and state.ndim >= 1 and state.shape[-1] == old_size:
-        return _remap_array(state, index, empty.get(_key))
-    return state
+    out = dict(state)
+    for name, newcomer in per_worker.items():
+        value = state[name]
+        if isinstance(value, (list, tuple)):
+            out[name] = [value[i] if i >= 0 else newcomer for i in index]
+        else:
+            out[name] = _remap_array(value, index, newcomer)
+    return out

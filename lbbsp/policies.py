@@ -1,52 +1,37 @@
 """Batch-size policies: how the next step's per-worker batch sizes follow from what was measured.
 
-A policy is framework-free and deterministic: the callback (on every rank)
-and the simulator feed it the same gathered per-worker numbers, a
-`StepStats`, and it answers with integer batch sizes that sum to the
-global batch. Every rank therefore reaches the same decision.
+A policy is framework-free and deterministic: the callback (on every rank) and
+the simulator feed it the same gathered per-worker numbers, a `StepStats`, and
+it answers with integer batch sizes that sum to the global batch. Every rank
+therefore reaches the same decision. LB-BSP (`LBBSPPolicy`) is lbbsp's; the
+others are the baselines it is measured against.
 """
 import dataclasses
-import logging
 
 import numpy as np
 
-from .allocation import (Rebalancer, allocate, allocate_clean, continuous_split, dithered, finer_grid, grid_units,
-                         sanitize, shrink_to_current, tail_speeds, validate_bounds)
-from .hindsight import Hindsight
-from .membership import remap_workers
+from .allocation import Bounds, sanitize, split, step_times
+from .membership import remap
 from .steptime import StepTimeModel
-from .uncertainty import PlanningError
 
-log = logging.getLogger(__name__)
-
-__all__ = [
-    "StepStats",
-    "Policy",
-    "EqualPolicy",
-    "FixedPolicy",
-    "StaticPolicy",
-    "DBSPolicy",
-    "PIDPolicy",
-    "LBBSPPolicy",
-    "POLICIES",
-    "make_policy",
-]
+__all__ = ["StepStats", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy", "DBSPolicy", "PIDPolicy",
+           "LBBSPPolicy", "POLICIES", "make_policy"]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StepStats:
     """What every worker measured in one step, gathered from all ranks (arrays of length N).
 
-    `step` counts steps from the start of training; `target` is the step
-    whose split is being decided (step + 1 + the controller's plan_ahead).
+    `step` counts steps from the start of training; `target` is the step whose split is being decided;
+    `horizon` the steps from it to the end of its epoch (None: not known).
     """
 
     step: int
     batches: np.ndarray
     compute: np.ndarray
-    wait: np.ndarray
     forecast: np.ndarray
-    target: int = None
+    target: int = 0
+    horizon: int = None
 
     @property
     def speed(self):
@@ -55,78 +40,52 @@ class StepStats:
             return np.where(self.compute > 0, self.batches / self.compute, np.nan)
 
 
+def _positive(name, value, low=0.0, integer=False, high=np.inf):
+    kind = (int, np.integer) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value < high:
+        raise ValueError(f"{name}={value!r} is not allowed: it must be {'an integer' if integer else 'a number'} "
+                         f"in [{low}, {high})")
+    return value
+
+
 class Policy:
-    """Base class: equal batches until a subclass decides otherwise."""
+    """Base class: equal batches (plain BSP) until a subclass decides otherwise."""
 
     name = "base"
     #: True when the policy needs per-rank speed forecasts (the callback then runs a predictor).
     uses_forecast = False
-    #: The StepTimeModel whose fixed costs turn a worker's timing into its batch-free speed, if any.
-    model = None
+    #: Per-worker state fields (lbbsp.membership) besides the split, with what a newcomer starts from.
+    PER_WORKER = {}
 
-    #: Attributes that make up the policy's state between steps (saved with checkpoints). An array
-    #: whose last axis has one entry per worker is per worker along it (lbbsp.membership).
-    _STATE = ("batches",)
-    #: State keys that are observations, with the value a newcomer starts from (lbbsp.membership).
-    _EMPTY = {}
-
-    def state(self):
-        """The policy's state between steps, for checkpoints (plain values and numpy arrays)."""
-        return {name: getattr(self, name) for name in self._STATE if hasattr(self, name)}
-
-    def load_state(self, state):
-        """Continue from `state()` saved by the same kind of policy for the same number of workers."""
-        batches = np.asarray(state.get("batches", ()))
-        if batches.shape != (self.num_workers,):
-            raise ValueError(f"a saved split of shape {batches.shape} does not fit {self.num_workers} workers")
-        for name in self._STATE:
-            if name in state:
-                setattr(self, name, state[name])
-
-    def rejoin(self, state, index, global_batch):
-        """Continue from `state()` of another set of workers; new worker j was old worker `index[j]` (-1: new).
-
-        Call after `start` for the new set. Per-worker estimates follow their
-        workers and newcomers get the mean of the others (lbbsp.membership);
-        the new split comes from them.
-        """
-        old = np.asarray(state["batches"], dtype=np.float64)
-        self.load_state(remap_workers(state, index, old.size, self._EMPTY))
-        if hasattr(self, "_global"):
-            self._global = int(global_batch)
-        self.batches = self._rejoin_split(remap_workers(old, index, old.size), int(global_batch))
-
-    def _rejoin_split(self, shares, global_batch):
-        """The split after a membership change: the old batches as shares (a newcomer's is their mean)."""
-        return self._allocate(shares, global_batch)
-
-    def _allocate(self, speeds, global_batch, offsets=None):
-        """lbbsp.allocation.allocate with this run's bounds and batch grid."""
-        return allocate(speeds, global_batch, self.b_min, self.b_max, offsets=offsets, multiple=self.multiple)
-
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        """Reset for a new training run; return the batches of the first step.
-
-        Batches stay within [b_min, b_max] and, with `multiple` > 1, on multiples of it
-        (lbbsp.allocation's batch grid). A policy that predicts each worker's best batch may refine the
-        grid down to `finest_multiple` (a divisor of `multiple`; None keeps `multiple`) where the grid's
-        floor holds a worker above it (lbbsp.allocation.finer_grid).
-        """
-        validate_bounds(num_workers, global_batch, b_min, b_max, multiple)
-        finest = multiple if finest_multiple is None else finest_multiple
-        if isinstance(finest, bool) or not isinstance(finest, (int, np.integer)) or finest < 1 or multiple % finest:
-            raise ValueError(f"finest_multiple={finest_multiple!r} is not allowed: give None or a divisor of "
-                             f"multiple={multiple!r}")
-        self.num_workers, self.b_min, self.b_max, self.multiple = int(num_workers), int(b_min), b_max, int(multiple)
-        self.finest_multiple = int(finest)
-        self.batches = self._allocate(np.ones(num_workers), global_batch)
+    def start(self, global_batch, bounds):
+        """Reset for a new training run within `bounds` (lbbsp.allocation.Bounds); the first step's batches."""
+        if not isinstance(bounds, Bounds):
+            raise ValueError(f"bounds={bounds!r} is not allowed: give a lbbsp.allocation.Bounds")
+        self.bounds = bounds
+        self.batches = self._split(np.ones(bounds.num_workers), bounds.check(global_batch))
         return self.batches.copy()
+
+    @property
+    def num_workers(self):
+        return self.bounds.num_workers
+
+    def _split(self, shares, total):
+        """Batches proportional to `shares` (no fixed costs, no floors), within the bounds and on the grid."""
+        zeros = np.zeros(self.num_workers)
+        return split(int(total), self.bounds, sanitize(shares, 1.0), zeros, zeros)
 
     def resize(self, global_batch):
-        """Keep the current shares but for a step whose global batch differs (end of an epoch)."""
+        """The current shares for a step whose global batch differs (the end of an epoch)."""
         if int(global_batch) != int(self.batches.sum()):
-            return self._allocate(self.batches.astype(np.float64), global_batch)
+            return self._split(self.batches.astype(np.float64), global_batch)
         return self.batches.copy()
+
+    def seen(self, batches):
+        """The batches every worker ran in a step, also one whose timings are not used (warm-up)."""
+
+    def prepare(self, warm_shapes=(), gpu=False):
+        """What the job knows before training: the batch sizes every worker has set up, and whether some worker
+        trains on a GPU."""
 
     def after_step(self, stats, next_global_batch):
         """Batches for the next step, given the step that just ended."""
@@ -135,6 +94,29 @@ class Policy:
     def after_epoch(self, next_global_batch):
         """Batches for the first step of the next epoch."""
         return self.resize(next_global_batch)
+
+    def state(self):
+        """The state between steps, for checkpoints (plain values and numpy arrays)."""
+        return {"batches": self.batches.copy(), **{name: getattr(self, name) for name in self.PER_WORKER}}
+
+    def load_state(self, state):
+        """Continue from `state()` of the same kind of policy for the same number of workers."""
+        batches = np.asarray(state.get("batches", ()), dtype=np.int64)
+        if batches.shape != (self.num_workers,):
+            raise ValueError(f"a saved split of shape {batches.shape} does not fit {self.num_workers} workers")
+        self.batches = batches.copy()
+        for name in self.PER_WORKER:
+            setattr(self, name, np.array(state[name]))
+
+    def rejoin(self, state, index, global_batch):
+        """Continue from `state()` of another set of workers; new worker j was old worker `index[j]` (-1: new).
+
+        Call after `start` for the new set. Per-worker state follows its worker (lbbsp.membership); the new
+        split keeps the old batches as shares, a newcomer's their mean.
+        """
+        moved = remap(state, index, dict(self.PER_WORKER, batches="mean"))
+        self.load_state(dict(moved, batches=self.batches))
+        self.batches = self._split(moved["batches"].astype(np.float64), global_batch)
 
 
 class EqualPolicy(Policy):
@@ -154,363 +136,263 @@ class FixedPolicy(Policy):
             raise ValueError(f"shares={shares.tolist()!r} is not allowed: give one positive number per worker")
         self.shares = shares
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        if self.shares.size != num_workers:
-            raise ValueError(
-                f"shares={self.shares.tolist()!r} is not allowed with {num_workers} workers: give {num_workers} shares"
-            )
-        super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
-        self.batches = self._allocate(self.shares, global_batch)
+    def start(self, global_batch, bounds):
+        if self.shares.size != bounds.num_workers:
+            raise ValueError(f"shares={self.shares.tolist()!r} is not allowed with {bounds.num_workers} workers: "
+                             f"give {bounds.num_workers} shares")
+        super().start(global_batch, bounds)
+        self.batches = self._split(self.shares, global_batch)
         return self.batches.copy()
 
 
 class StaticPolicy(Policy):
-    """Profile once at the start (mean speed over `profile_steps` steps), then keep that allocation."""
+    """Profile once at the start (mean speed over `profile_steps` steps), then keep that split."""
 
     name = "static"
-    _STATE = ("batches", "_samples", "_fixed")
+    PER_WORKER = {"_speeds": 0.0}
 
     def __init__(self, profile_steps=5):
-        if not isinstance(profile_steps, int) or profile_steps < 1:
-            raise ValueError(f"profile_steps={profile_steps!r} is not allowed: it must be an integer >= 1")
-        self.profile_steps = profile_steps
+        self.profile_steps = _positive("profile_steps", profile_steps, 1, integer=True)
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        self._samples = []
-        self._fixed = False
-        return super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
+    def start(self, global_batch, bounds):
+        self._speeds, self._steps = np.zeros(bounds.num_workers), 0
+        return super().start(global_batch, bounds)
 
     def after_step(self, stats, next_global_batch):
-        if not self._fixed:
-            self._samples.append(stats.speed)
-            if len(self._samples) >= self.profile_steps:
-                speeds = np.nanmean(np.vstack(self._samples), axis=0)
-                self.batches = self._allocate(speeds, int(self.batches.sum()))
-                self._fixed = True
+        if self._steps < self.profile_steps:
+            self._speeds = self._speeds + np.nan_to_num(stats.speed) / self.profile_steps
+            self._steps += 1
+            if self._steps == self.profile_steps:
+                self.batches = self._split(self._speeds, int(self.batches.sum()))
         return self.resize(next_global_batch)
+
+    def state(self):
+        return dict(super().state(), steps=self._steps)
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._steps = int(state["steps"])
 
 
 class DBSPolicy(Policy):
     """DBS: once per epoch, shares p_i <- (p_i / t_i) / sum_j (p_j / t_j) from the epoch's pure compute time."""
 
     name = "dbs"
-    _STATE = ("batches", "_shares", "_compute", "_samples", "_global")
+    PER_WORKER = {"_compute": 0.0, "_samples": 0.0}
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
-        self._shares = batches / batches.sum()
-        self._compute = np.zeros(num_workers)
-        self._samples = np.zeros(num_workers)
+    def start(self, global_batch, bounds):
+        self._compute, self._samples = np.zeros(bounds.num_workers), np.zeros(bounds.num_workers)
         self._global = int(global_batch)
-        return batches
+        return super().start(global_batch, bounds)
 
     def after_step(self, stats, next_global_batch):
-        self._compute += np.nan_to_num(stats.compute, nan=0.0)
-        self._samples += stats.batches
+        self._compute = self._compute + np.nan_to_num(stats.compute, nan=0.0)
+        self._samples = self._samples + stats.batches
         return self.resize(next_global_batch)
 
     def after_epoch(self, next_global_batch):
         if (self._compute > 0).all():
-            # Per-sample time of each worker over the epoch; dividing p_i by it gives the new share.
-            per_sample = self._compute / np.maximum(self._samples, 1)
-            raw = self._shares / per_sample
-            self._shares = raw / raw.sum()
-            self.batches = self._allocate(self._shares, self._global)
-        self._compute[:] = 0.0
-        self._samples[:] = 0.0
+            # A worker's share over its per-sample time of the epoch is its new share.
+            shares = self.batches / (self._compute / np.maximum(self._samples, 1))
+            self.batches = self._split(shares, self._global)
+        self._compute, self._samples = np.zeros(self.num_workers), np.zeros(self.num_workers)
         return self.resize(next_global_batch)
 
 
 class PIDPolicy(Policy):
     """Dynamic batching with a PID controller on the compute-time imbalance, with a deadband.
 
-    The error of worker i is e_i = log(t_mean / t_i); its batch is multiplied by
-    exp(kp*e_i + ki*sum(e_i) + kd*delta(e_i)), then renormalised to the global
-    batch and clamped to the bounds. With kp=1 and ki=kd=0 this is the
-    literature's b_i <- b_i * t_mean / t_i. The update is applied only when some
-    worker's relative change exceeds `deadband` (0.2 in the original code).
+    The error of worker i is e_i = log(t_mean / t_i); its batch is multiplied by exp(kp e_i + ki sum(e_i) +
+    kd delta(e_i)), then renormalised to the global batch within the bounds. With kp=1 and ki=kd=0 this is the
+    literature's b_i <- b_i * t_mean / t_i. The update is applied only when some worker's relative change
+    exceeds `deadband` (0.2 in the original code).
     """
 
     name = "pid"
-    _STATE = ("batches", "_integral", "_last_error", "_window", "_global")
+    PER_WORKER = {"_integral": 0.0, "_last_error": 0.0}
 
-    def __init__(self, kp=1.0, ki=0.0, kd=0.0, deadband=0.2, every=1):
-        for name, value in (("kp", kp), ("ki", ki), ("kd", kd)):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name}={value!r} is not allowed: it must be a number >= 0")
-        if not isinstance(deadband, (int, float)) or not 0 <= deadband < 1:
-            raise ValueError(f"deadband={deadband!r} is not allowed: it must be a number in [0, 1)")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every={every!r} is not allowed: it must be an integer >= 1")
-        self.kp, self.ki, self.kd, self.deadband, self.every = kp, ki, kd, deadband, every
+    def __init__(self, kp=1.0, ki=0.0, kd=0.0, deadband=0.2):
+        self.kp, self.ki, self.kd = (_positive(n, v) for n, v in (("kp", kp), ("ki", ki), ("kd", kd)))
+        self.deadband = _positive("deadband", deadband, high=1.0)
 
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
-        self._integral = np.zeros(num_workers)
-        self._last_error = np.zeros(num_workers)
-        self._window = []
-        self._global = int(global_batch)
-        return batches
+    def start(self, global_batch, bounds):
+        self._integral, self._last_error = np.zeros(bounds.num_workers), np.zeros(bounds.num_workers)
+        return super().start(global_batch, bounds)
 
     def after_step(self, stats, next_global_batch):
-        self._window.append(np.asarray(stats.compute, dtype=np.float64))
-        if len(self._window) >= self.every:
-            times = np.nanmean(np.vstack(self._window), axis=0)
-            self._window = []
-            if np.isfinite(times).all() and (times > 0).all():
-                error = np.log(times.mean() / times)
-                self._integral += error
-                gain = self.kp * error + self.ki * self._integral + self.kd * (error - self._last_error)
-                self._last_error = error
-                proposal = self._allocate(stats.batches * np.exp(gain), self._global)
-                change = np.abs(proposal - self.batches) / self.batches
-                if change.max() > self.deadband:
-                    self.batches = proposal
+        times = np.asarray(stats.compute, dtype=np.float64)
+        if np.isfinite(times).all() and (times > 0).all():
+            error = np.log(times.mean() / times)
+            self._integral = self._integral + error
+            gain = self.kp * error + self.ki * self._integral + self.kd * (error - self._last_error)
+            self._last_error = error
+            proposal = self._split(stats.batches * np.exp(gain), int(self.batches.sum()))
+            if (np.abs(proposal - self.batches) / self.batches).max() > self.deadband:
+                self.batches = proposal
         return self.resize(next_global_batch)
 
 
 class LBBSPPolicy(Policy):
-    """LB-BSP on a step-time model: minimise the predicted slowest finish time, with hysteresis and damping.
+    """LB-BSP: the split that minimises the predicted slowest finish, taken where it pays (docs/method.md).
 
-    Every rank fits the same per-worker model t_i(b) = (k_i + b) / v_i from the
-    gathered (batch, compute time) pairs (lbbsp.steptime). Each worker's
-    forecast of its next batch-free speed v_i, made by its own predictor from
-    its speed history up to the step just measured and its telemetry, and
-    exchanged in that step's allreduce, is used where valid; the model's last
-    measured batch-free speed stands in for a missing one, and for a forecast
-    further from it than that worker's noise explains (the model's change
-    threshold, max(change, 4 x spread)): a smoothing or learned forecaster
-    may trail a jump the measurement already shows. The split
-    minimising max_i t_i(b_i) is then taken if it beats the current one by
-    more than `min_gain` (lbbsp.allocation.Rebalancer). No worker's batch
-    moves by more than a factor `max_change` in one decision (a trust region
-    around the batches the model was fitted on), unless the model just
-    measured that worker's speed jump: then it may move by the measured
-    ratio. With `shrink_noise` (default), a worker's departure from the
-    speeds the current split balances counts only by how far it exceeds
-    that worker's per-step noise (lbbsp.allocation.shrink_to_current, the
-    noise measured by the model): identical workers keep their split through
-    timing noise, different ones move at once. With `variance_aware=True`,
-    the speeds are corrected by the forecasts' learnt bias and the split
-    balances a high quantile of each worker's time instead of its mean,
-    giving slack to the workers whose planned speeds have been furthest
-    from the speeds they then ran at (lbbsp.uncertainty,
-    lbbsp.allocation.tail_speeds): with many workers the largest error sets
-    the pace. With "auto" (the default), every step plans the
-    `candidates` (by default all of CANDIDATES: the forecasts as they
-    are, corrected, the quantile of the corrected, and the forecasts
-    without noise shrinkage, which wins where contention drifts by less
-    than the per-step noise), scores each against the speeds then
-    measured, and takes the one that has lately been fastest by more than
-    a margin (lbbsp.hindsight); the forecasts as they are until the scores
-    say otherwise. False always balances the forecasts as they are.
-    `model` takes a StepTimeModel or a dict of its arguments.
-
-    The fixed costs k_i are identified only where batches move (lbbsp.steptime),
-    and a worker held at a small batch with k_i unknown (0) looks slower
-    than it is, by (k_i + b_i) / b_i. So for its first `calibration`
-    decisions the policy dithers the split it runs: the workers whose k is
-    not yet identified trade `dither` of their batch in pairs, the sign
-    flipping every step, with the total unchanged (lbbsp.allocation.dithered).
-    The split it plans with stays undithered, and the dither ends for good
-    once every worker's k is identified.
+    Every rank fits the same step-time model (lbbsp.steptime) from the gathered (batch, compute time) pairs;
+    each worker is planned at its forecast or its last measured speed, whichever has lately been closer; the
+    min-max split (lbbsp.allocation.split) balances those speeds or, chosen in hindsight, their tails. It is
+    taken when it shortens the predicted step by more than `min_gain` and any new batch shapes it needs pay
+    for their set-up within the `horizon` (steps; None: the rest of the epoch). `model`: StepTimeParams or a
+    dict of its fields.
     """
 
     name = "lbbsp"
     uses_forecast = True
-    #: Decisions in a row that must find the grid's floor above a worker's best batch before the grid is refined
-    #: (down to the `finest_multiple` given to `start`).
-    REFINE_AFTER = 3
-    _STATE = ("batches", "_speeds", "_shadows", "_calibrating")
-    _EMPTY = dict(StepTimeModel.EMPTY, **PlanningError.EMPTY)
-    #: The candidates variance_aware="auto" may score (lbbsp.hindsight): the forecasts, corrected by their
-    #: learnt bias, the quantile of the corrected, and the forecasts without the noise shrinkage.
-    CANDIDATES = ("forecast", "corrected", "quantile", "unshrunk")
-    #: Decisions whose split is dithered, by default, to identify the fixed costs.
-    CALIBRATION = 8
+    PER_WORKER = {"_errors": "mean", "_previous": np.nan}
+    #: Weight of the newest step in the running |log error| that picks forecast or last speed for each worker.
+    SCORE_RATE = 0.1
+    #: Weight of the newest step in a worker's running squared planning error (the tail's spread).
+    SPREAD_RATE = 0.02
+    #: Weight of the newest step in the running log ratio of the tail's step time to the mean's, and the margin
+    #: that ratio must pass to switch (a switch moves the split: not worth it for a hair).
+    CHOICE_RATE, TAIL_MARGIN = 0.05, 0.01
+
+    def __init__(self, min_gain=0.02, horizon=None, model=None):
+        self.min_gain = float(_positive("min_gain", min_gain, high=1.0))
+        self.horizon = None if horizon is None else _positive("horizon", horizon, 1, integer=True)
+        self.model = StepTimeModel(model)
+
+    def start(self, global_batch, bounds):
+        self.model.start(bounds.num_workers)
+        self._curves, self._regret, self._proposal = None, 0.0, None
+        self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
+        self._proposals, self._tail_score, self._use_tail = {}, 0.0, False
+        self._account = 0.0
+        batches = super().start(global_batch, bounds)
+        self._equal = batches.copy()
+        return batches
+
+    def seen(self, batches):
+        self.model.seen(batches)
+
+    def prepare(self, warm_shapes=(), gpu=False):
+        self.model.start(self.num_workers, gpu)
+        for shape in warm_shapes:
+            self.model.seen(np.full(self.num_workers, int(shape)))
+
+    def curves(self, forecast, batches=None, compute=None):
+        """(speeds, offsets, floors) to plan with: for each worker, its forecast where that has lately been closer
+        to the speeds it then measured than its last measured speed (scored on every step, whichever was used),
+        else the last measured speed. `batches`, `compute`: the step just measured, which also scores the
+        planning error: the step time the previous curves predicted over the time measured (a time, so that a
+        refitted fixed cost, which changes what a speed means, is not taken for an error)."""
+        forecast = np.asarray(forecast, dtype=np.float64)
+        last, measured = self.model.speeds, self.model.measured
+        with np.errstate(all="ignore"):
+            errors = np.log(self._previous[:2] / measured)
+            if batches is not None:
+                planned = step_times(batches, *self._previous[2:])
+                errors = np.vstack([errors, np.where(np.isfinite(measured), np.log(planned / compute), np.nan)])
+        seen = np.isfinite(errors)
+        errors = np.where(seen, errors, 0.0)
+        self._errors[:2] += np.where(seen[:2], self.SCORE_RATE * (np.abs(errors[:2]) - self._errors[:2]), 0.0)
+        if batches is not None:
+            self._errors[2] += np.where(seen[2], self.SPREAD_RATE * (errors[2] ** 2 - self._errors[2]), 0.0)
+        better = np.isfinite(forecast) & (forecast > 0) & (self._errors[0] < self._errors[1])
+        speeds = sanitize(np.where(better, forecast, last), 1.0)
+        offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
+                                                                                       positive=False)
+        self._previous = np.array([forecast, last, speeds, offsets, floors])
+        return speeds, offsets, floors
+
+    def _choose(self, stats, curves):
+        """The split balancing the planned speeds, or their tails (each worker at exp(-z s_i) of its speed, z =
+        sqrt(2 ln N), s_i its planning error), whichever has lately been faster: both are proposed for every
+        step and scored once it is measured; the choice moves where the running log ratio passes TAIL_MARGIN."""
+        total = int(self.batches.sum())
+        speeds, offsets, floors = curves
+        tail = speeds * np.exp(-np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self._errors[2]))
+        splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
+        measured = self.model.measured
+        proposed = self._proposals.pop(stats.step, None)
+        if proposed is not None and proposed.shape == splits.shape and np.isfinite(measured).all():
+            times = step_times(proposed, measured, offsets, floors).max(axis=1)
+            self._tail_score += self.CHOICE_RATE * (np.log(times[1] / times[0]) - self._tail_score)
+            self._use_tail = self._tail_score < (self.TAIL_MARGIN if self._use_tail else -self.TAIL_MARGIN)
+        self._proposals = {step: s for step, s in self._proposals.items() if step > stats.step}
+        self._proposals[stats.target] = splits
+        return splits[int(self._use_tail)], (tail if self._use_tail else speeds, offsets, floors)
+
+    def after_step(self, stats, next_global_batch):
+        self.model.update(stats.batches, stats.compute)
+        target, self._curves = self._choose(stats, self.curves(stats.forecast, stats.batches, stats.compute))
+        self._score_against_equal(stats)
+        # Moves that lost against equal batches leave a debt where set-ups cost seconds (GPUs); on a CPU
+        # (set-ups of milliseconds, steps scattering by tens of per cent) the account is mostly noise.
+        debt = max(-self._account, 0.0) if self.model.prior > 0 else 0.0
+        if self._pays(target, stats.horizon, debt):
+            self.batches, self._regret, self._proposal = target, 0.0, None
+        elif debt > 0 and self._faster(self._equal):  # moves have cost more than they saved: back to equal
+            self.batches = self._equal.copy()
+        return self.resize(next_global_batch)
+
+    def _faster(self, split_):
+        """Whether `split_` is predicted faster than the current split by more than min_gain."""
+        now = step_times(self.batches, *self._curves).max()
+        return step_times(split_, *self._curves).max() < now * (1.0 - self.min_gain)
+
+    def _score_against_equal(self, stats):
+        """Seconds saved so far against equal batches: each step's measured time (set-ups included) against the
+        time the equal split would have taken at the speeds measured in it."""
+        speeds = np.where(np.isfinite(self.model.measured), self.model.measured, self.model.speeds)
+        if np.all(np.isfinite(speeds) & (speeds > 0)) and np.all(np.isfinite(stats.compute)):
+            # A worker that ran its equal batch took what equal batches would have taken.
+            equal = np.where(stats.batches == self._equal, stats.compute,
+                             step_times(self._equal, speeds, self.model.offsets, self.model.floors))
+            self._account += float(np.max(equal)) - float(np.max(stats.compute))
+
+    def _pays(self, target, horizon, debt=0.0):
+        """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
+        shapes (one worker's cost: done in parallel), plus any `debt` of earlier moves, twice: from the saving
+        forgone while the move stayed worth making (ski rental) and from the saving over the horizon (capped by
+        how long the slowest worker's speed is expected to hold)."""
+        times = step_times(self.batches, *self._curves)
+        now = times.max()
+        saving = now - step_times(target, *self._curves).max()
+        setup = self.setup_cost(target)
+        if not saving > self.min_gain * now or setup == 0:
+            self._regret, self._proposal = 0.0, None
+            return saving > self.min_gain * now
+        # The move stays worth making while the previous step's proposal would still save half as much.
+        same = self._proposal is not None and now - step_times(self._proposal, *self._curves).max() >= saving / 2
+        self._regret, self._proposal = (self._regret if same else 0.0) + saving, target
+        horizon = min(self.horizon or horizon or np.inf, self.model.persistence[int(np.argmax(times))])
+        return self._regret >= setup + debt and saving * horizon >= setup + debt
+
+    def setup_cost(self, target):
+        """Seconds the batch shapes of `target` that some worker has not run cost to set up (in parallel)."""
+        return self.model.setup_cost() if self.model.new_shapes(target).any() else 0.0
+
+    def resize(self, global_batch):
+        if int(global_batch) == int(self.batches.sum()) or self._curves is None:
+            return super().resize(global_batch)
+        return split(int(global_batch), self.bounds, *self._curves)
 
     def state(self):
-        return dict(super().state(), model=self.model.state(), rebalancer=self.rebalancer.state(),
-                    errors=self.errors.state(), choice=self.choice.state())
+        return dict(super().state(), model=self.model.state(), tail=(self._tail_score, self._use_tail),
+                    proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
+                    proposal=self._proposal, account=self._account)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
-        self.rebalancer.load_state(state["rebalancer"])
-        if "errors" not in state:
-            raise ValueError("an lbbsp state without planning errors cannot be loaded (saved by an older version)")
-        self.errors.load_state(state["errors"])
-        # A state saved before the choice was scored, or when it chose among other candidates, starts it anew.
-        if len(state.get("choice", {}).get("scores", ())) == len(self.candidates):
-            self.choice.load_state(state["choice"])
+        (self._tail_score, self._use_tail), self._regret = state["tail"], state["regret"]
+        self._proposals, self._proposal = dict(state["proposals"]), state["proposal"]
+        self._account = float(state["account"])
 
-    def __init__(self, min_gain=0.02, min_step=0.125, model=None, variance_aware="auto", max_change=2.0,
-                 shrink_noise=True, candidates=CANDIDATES, calibration=CALIBRATION, dither=0.25, gate=True,
-                 free_mask=True):
-        # gate, free_mask: ablation switches (docs/ablation.md), each one mechanism off when False.
-        self.gate, self.free_mask = bool(gate), bool(free_mask)
-        self.rebalancer = Rebalancer(min_gain, min_step)
-        if isinstance(calibration, bool) or not isinstance(calibration, int) or calibration < 0:
-            raise ValueError(f"calibration={calibration!r} is not allowed: give the number of decisions (an integer "
-                             ">= 0) whose split is dithered to identify the fixed costs")
-        if isinstance(dither, bool) or not isinstance(dither, (int, float)) or not 0.0 < dither < 1.0:
-            raise ValueError(f"dither={dither!r} is not allowed: give the share of a batch traded, in (0, 1)")
-        self.calibration, self.dither = calibration, float(dither)
-        names = tuple(candidates) if isinstance(candidates, (list, tuple)) else ()
-        if not names or names[0] != "forecast" or len(set(names)) < len(names) or \
-                any(name not in self.CANDIDATES for name in names):
-            raise ValueError(f"candidates={candidates!r} is not allowed: give a list of distinct names from "
-                             f"{self.CANDIDATES}, \"forecast\" first")
-        self.candidates = names
-        self._unshrunk = np.array([name == "unshrunk" for name in names])
-        if not isinstance(shrink_noise, bool):
-            raise ValueError(f"shrink_noise={shrink_noise!r} is not allowed: it must be True or False")
-        self.shrink_noise = shrink_noise
-        if isinstance(max_change, bool) or not isinstance(max_change, (int, float)) or not max_change > 1:
-            raise ValueError(f"max_change={max_change!r} is not allowed: it must be a number > 1")
-        self.max_change = float(max_change)
-        if not (isinstance(variance_aware, bool) or isinstance(variance_aware, str) and variance_aware == "auto"):
-            raise ValueError(f"variance_aware={variance_aware!r} is not allowed: give True, False or 'auto'")
-        self.variance_aware = variance_aware
-        self.choice = Hindsight(len(self.candidates))
-        if model is None or isinstance(model, dict):
-            model = StepTimeModel(**(model or {}))
-        if not isinstance(model, StepTimeModel):
-            raise ValueError(f"model={model!r} is not allowed: give a lbbsp.steptime.StepTimeModel or a dict of its arguments")
-        self.model = model
-        self.errors = PlanningError()
-
-    def start(self, num_workers, global_batch, b_min=1, b_max=None, multiple=1, finest_multiple=None):
-        batches = super().start(num_workers, global_batch, b_min, b_max, multiple, finest_multiple)
-        self.model.start(num_workers)
-        self.rebalancer.start(num_workers)
-        self.errors.start(num_workers)
-        self.choice.start()
-        self._speeds = self._shadows = None
-        self._bounds = (None, None, None, None)
-        self._calibrating = self.calibration
-        self._finer_for, self._finer_to = 0, multiple  # decisions in a row that asked for a finer grid; the coarsest
-        return batches
-
-    def speeds(self, forecast):
-        """Batch-free speeds for the next step: the forecasts where valid and consistent with the last
-        measurement, else the last measured ones."""
-        forecast = np.asarray(forecast, dtype=np.float64)
-        measured = self.model.speeds
-        with np.errstate(all="ignore"):
-            trails = np.abs(np.log(forecast / measured)) > self.model.threshold  # False where nothing was measured
-        good = np.isfinite(forecast) & (forecast > 0) & (~trails if self.gate else True)
-        return sanitize(np.where(good, forecast, measured))
-
-    def after_step(self, stats, next_global_batch):
-        before = self.model.speeds
-        self.model.update(stats.batches, stats.compute)
-        if self.variance_aware:
-            self.errors.observe(stats.step, self.model.speeds)
-        if self.variance_aware == "auto":  # only "auto" proposes candidates to score
-            self.choice.observe(stats.step, self.model.speeds, self.model.offsets)
-        with np.errstate(all="ignore"):
-            jump = np.exp(np.abs(np.log(before / self.model.speeds)))
-        trust = np.where(self.model.changed & np.isfinite(jump), np.maximum(self.max_change, jump), self.max_change)
-        total = int(self.batches.sum())
-        if total != self._bounds[0]:
-            _, _, upper = validate_bounds(self.num_workers, total, self.b_min, self.b_max)
-            lower = np.full(self.num_workers, self.b_min, dtype=np.int64)
-            # The bounds as the grid rounds them, in samples: a worker at 8 with q = 8 and b_min = 1 is at its floor.
-            on_grid = np.stack(grid_units(lower, upper, self.multiple)) * self.multiple
-            self._bounds = (total, lower, upper, on_grid)
-        _, lower, upper, (grid_lower, grid_upper) = self._bounds
-        speeds = self.speeds(stats.forecast)
-        # The workers whose departure from the current split's balance may be taken for noise: not at a bound
-        # (the split is not balanced for them there), not just measured to jump.
-        free = (self.batches > grid_lower) & (self.batches < grid_upper) & ~self.model.changed
-        if not self.free_mask:
-            free = np.ones_like(free)
-        if self.variance_aware:
-            speeds = self._plan(speeds, stats.target, total, lower, upper, free)
-        elif self.shrink_noise:
-            speeds = shrink_to_current(speeds, self.model.offsets, self.batches, self.model.noise, free)
-        if not self.rebalancer.keeps(self.batches, speeds, self.model.offsets, lower, jumped=self.model.changed,
-                                     multiple=self.multiple):
-            target = allocate_clean(speeds, self.model.offsets, total, lower, upper, near=self.batches,
-                                    max_change=trust, multiple=self.multiple)
-            self.batches = self.rebalancer.update(self.batches, target, speeds, self.model.offsets, lower, upper,
-                                                  jumped=self.model.changed, multiple=self.multiple)
-        self._speeds = speeds
-        if self.multiple > self.finest_multiple:
-            self._refine(speeds, total, lower, upper, at_floor=np.any(self.batches <= grid_lower))
-        sizes = self.resize(next_global_batch)
-        unknown = ~self.model.identified if self._calibrating > 0 else None
-        if unknown is not None and not unknown.any():
-            self._calibrating = 0
-        elif unknown is not None:
-            self._calibrating -= 1
-            if int(sizes.sum()) == total:
-                sign = 1 if self._calibrating % 2 else -1
-                sizes = dithered(sizes, unknown, sign, self.dither, lower, upper, self.multiple)
-        return sizes
-
-    def _plan(self, speeds, target, total, lower, upper, free):
-        """The speeds to split by when variance-aware: the quantile of the corrected forecasts (True) or the
-        candidate lbbsp.hindsight has found fastest ("auto", whose candidate splits are remembered for
-        `target`), shrunk towards the current split for its `free` workers where the noise shrinkage applies
-        (not to the "unshrunk" candidate)."""
-        corrected = self.errors.plan(target, speeds, jumped=self.model.changed)
-        quantile = tail_speeds(corrected, self.errors.spread)
-        offsets, noise = self.model.offsets, self.model.noise
-        if self.variance_aware is True:
-            return shrink_to_current(quantile, offsets, self.batches, noise, free) if self.shrink_noise else quantile
-        named = {"forecast": speeds, "corrected": corrected, "quantile": quantile, "unshrunk": speeds}
-        candidates = [named[name] for name in self.candidates]
-        best = self.choice.best
-        shadows = self._shadows
-        if shadows is None or shadows.shape != (len(candidates), self.num_workers):
-            shadows = np.tile(self.batches.astype(np.float64), (len(candidates), 1))
-        if self.shrink_noise:
-            # Each candidate shrunk towards its own last continuous split, and the chosen one, as a last row,
-            # towards the split in use: one call for all rows.
-            shadow_free = (shadows > lower) & (shadows < upper) & ~self.model.changed
-            shadow_free[self._unshrunk] = False
-            rows = shrink_to_current(np.array(candidates + [candidates[best]]), offsets,
-                                     np.concatenate([shadows, self.batches[None]]), noise,
-                                     np.concatenate([shadow_free, (free & ~self._unshrunk[best])[None]]))
-            planned, chosen = rows[:-1], rows[-1]
-        else:
-            planned, chosen = np.array(candidates), candidates[best]
-        # A new array: a saved state() keeps the one it was given.
-        self._shadows = continuous_split(offsets, planned, total, lower, upper)[0]
-        if target is not None:
-            self.choice.propose(target, self._shadows)
-        return chosen
-
-    def _refine(self, speeds, total, lower, upper, at_floor):
-        """Refine the batch grid once its floor has held a worker above its best batch in REFINE_AFTER
-        decisions in a row, to the coarsest grid all of them asked for; never back to a coarser one."""
-        finer = self.multiple
-        if at_floor:
-            best, _ = continuous_split(self.model.offsets, speeds, total, lower, upper)
-            finer = finer_grid(best, lower, upper, self.multiple, self.finest_multiple)
-        if finer == self.multiple:
-            self._finer_for = 0
-            return
-        self._finer_to = max(self._finer_to, finer) if self._finer_for else finer
-        self._finer_for += 1
-        if self._finer_for < self.REFINE_AFTER:
-            return
-        slow = int(np.argmin(best))
-        log.info("lbbsp: batch grid %d -> %d: worker %d is best at %.1f samples, below the grid's floor",
-                 self.multiple, self._finer_to, slow, best[slow])
-        self.multiple, self._bounds, self._finer_for = self._finer_to, (None, None, None, None), 0
-
-    def _rejoin_split(self, shares, global_batch):
-        if self._speeds is None:
-            return super()._rejoin_split(shares, global_batch)
-        return self._allocate(self._speeds, global_batch, offsets=self.model.offsets)
-
-    def resize(self, global_batch):
-        if int(global_batch) == int(self.batches.sum()) or self._speeds is None:
-            return super().resize(global_batch)
-        return self._allocate(self._speeds, global_batch, offsets=self.model.offsets)
+    def rejoin(self, state, index, global_batch):
+        super().rejoin(dict(state, model=remap(state["model"], index, StepTimeModel.PER_WORKER)), index,
+                       global_batch)
+        self._proposals, self._proposal, self._regret = {}, None, 0.0  # splits of the old set of workers
+        if np.isfinite(self.model.speeds).any():  # the split from the workers' curves, a newcomer's the mean
+            self.batches = split(int(global_batch), self.bounds, *self.curves(np.full(self.num_workers, np.nan)))
 
 
 POLICIES = {cls.name: cls for cls in (EqualPolicy, StaticPolicy, DBSPolicy, PIDPolicy, LBBSPPolicy)}

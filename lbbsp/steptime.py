@@ -1,93 +1,26 @@
-"""Online per-worker step-time model t_i(b) = (k_i + b) / v_i (numpy only, one instance serves all workers).
+"""Online per-worker step-time model t_i(b) = max(f_i, (k_i + b) / v_i) (numpy only; one instance, all workers).
 
-Why: a step has a fixed cost, so a worker's samples/s depends on the batch the
-balancer gave it; a forecaster of raw samples/s chases the balancer's own
-decisions. Writing the fixed cost in samples, k_i (= fixed seconds x v_i),
-separates what contention changes from what the split changes: when a worker
-is slowed (a CPU quota, a co-located process, a throttled GPU) its fixed and
-its per-sample work slow alike, so k_i stays and only v_i moves. The
-batch-free speed (b + k_i) / t is then what forecasters see and predict.
-
-Two time scales, estimated differently:
-
-- v_i moves from step to step (contention), so the model keeps the freshest
-  measurement, (b + k_i) / t of the last valid step: any average over past
-  steps lags a drifting speed, and a lag costs more than per-step noise
-  (the simulator shows it). Forecasters refine it (lbbsp.forecasting).
-- k_i is a property of the workload on the worker's hardware and changes
-  slowly, so it is fitted with a long memory. A regression of t on b would
-  be confounded: the balancer moves b because v moved. Consecutive steps
-  remove the drift: with v constant over two steps,
-  k (t_s - t_{s-1}) = t_{s-1} b_s - t_s b_{s-1}, and the batch change
-  z = b_s - b_{s-1}, decided from older timings and so independent of this
-  step's noise, is the instrument: k = sum z y / sum z x (instrumental
-  variables; x = t_s - t_{s-1}, y = t_{s-1} b_s - t_s b_{s-1}). Pairs that
-  straddle a detected speed change are left out.
-
-Each worker's estimate has a standard error, and with large batches (k a
-few % of the step) or noisy timings that error is large: on 1024 simulated
-workers with 512 samples each and a true k of 16, the per-worker fits
-spread from 0 to 300. Workers that run the same model have about the same
-k in samples, so the fits are pooled (empirical Bayes, lbbsp.pooling, as
-for the spreads in lbbsp.uncertainty): the precision-weighted mean of the
-workers' fits, the variance of the true k between workers beyond their
-standard errors, and each worker's fit shrunk towards the mean by its own
-error. Workers that truly differ (a GPU and a CPU) keep their own k;
-imprecise fits borrow from the others. A worker whose batch has never
-moved enough takes the pooled k, not the prior, once three workers have
-fits; with fewer (or `pool=False`), a fit is taken alone if precise
-enough (`max_error`), and k otherwise keeps its prior (AdaptDL pins its
-fixed cost the same way while one batch size was seen).
-
-The model is fitted on every rank from the gathered (batch, compute time) of
-every worker, so all ranks hold the same numbers and take the same decisions.
-
-Parameters, all in one place:
-
-==============  =======  =================================================================
-parameter       default  meaning
-==============  =======  =================================================================
-forgetting      0.98     weight of the past per step in the fixed cost's sums (memory
-                         about 1 / (1 - forgetting) = 50 steps)
-min_spread      0.05     root-mean-square batch change between steps, relative to the
-                         batch, below which k is not identifiable and keeps its value
-max_error       0.25     with fewer than three workers' fits to pool, a fit of k is
-                         accepted only when its standard error is below this fraction
-                         of the mean batch (noisy timings over small batch moves would
-                         otherwise give absurd fixed costs)
-pool            True     pool the workers' fits (above); False fits each worker alone,
-                         with the `max_error` rule
-min_error       0.01     timings do not resolve k finer than this fraction of the mean
-                         batch: when pooling, a fit whose standard error is below it
-                         has a chance near-zero residual (a fit on the one pair whose
-                         batch moved has none) and counts as precise as the median
-                         fit, so that it does not outweigh every other worker's fit
-change          0.25     |log(t / predicted t)| above max(change, 4 x the worker's
-                         step-to-step spread) means the speed changed (a quota cut, a
-                         co-located job): that pair is not used for k
-max_offset      16       cap on k in units of the worker's mean batch (a step that is
-                         almost all fixed cost then gives the worker b_min, as it should)
-offset          0        prior k in samples while it is not identified; 0 makes the split
-                         proportional to measured samples/s, whose fixed point has equal
-                         step times
-==============  =======  =================================================================
+With the fixed cost k_i written in samples, the batch-free speed (b + k_i) / t
+depends on the worker, not on the batch the balancer gave it: contention moves
+v_i, the split moves b. v_i is the last measurement above the floor; k_i an
+instrumental-variables fit over consecutive steps (the batch change is the
+instrument), pooled across workers by empirical Bayes; f_i the time of a step
+whose batch fell without its time; a step far off its prediction beyond noise
+is a speed change; the first step at a new batch shape measures its set-up.
+docs/method.md, section 1, gives the reasons and the figures. Fitted on every
+rank from the gathered (batch, compute time) of every worker, so all ranks
+hold the same numbers; per-worker state is declared in `PER_WORKER`.
 """
+import dataclasses
 import math
 
 import numpy as np
 
-from .pooling import shrink_towards
+__all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST"]
 
-__all__ = ["StepTimeModel", "batch_free_speed"]
-
-
-def _number(name, value, low, high, low_open=False, high_open=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-    if not ok:
-        lb, hb = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {lb}{low}, {high}{hb}")
-    return float(value)
+#: Seconds a new batch shape is taken to cost on a GPU worker until one was measured (cuDNN autotunes a
+#: ResNet-50's convolutions in 3.0-5.5 s on an H200; lbbsp's ski-rental rule then waits this long of saving).
+GPU_SHAPE_COST = 4.0
 
 
 def batch_free_speed(batch, compute, offset=0.0):
@@ -95,83 +28,142 @@ def batch_free_speed(batch, compute, offset=0.0):
     return (batch + offset) / compute if compute > 0 and math.isfinite(compute) else math.nan
 
 
-class StepTimeModel:
-    """Fits k_i and tracks v_i for N workers from per-step (batch, compute seconds) pairs; see the module docstring."""
+#: (low, high, low open, high open) of every parameter of StepTimeParams.
+_RANGES = {"forgetting": (0.0, 1.0, True, True), "min_spread": (0.0, 1.0, True, False),
+           "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
+           "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
+           "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
+           "change_memory": (1.0, math.inf, False, True)}
 
-    def __init__(self, forgetting=0.98, min_spread=0.05, max_error=0.25, change=0.25, max_offset=16.0, offset=0.0,
-                 min_error=0.01, pool=True):
-        self.forgetting = _number("forgetting", forgetting, 0.0, 1.0, low_open=True, high_open=True)
-        self.min_spread = _number("min_spread", min_spread, 0.0, 1.0, low_open=True)
-        self.max_error = _number("max_error", max_error, 0.0, np.inf, low_open=True, high_open=True)
-        self.min_error = _number("min_error", min_error, 0.0, 1.0, low_open=True)
-        if not isinstance(pool, bool):
-            raise ValueError(f"pool={pool!r} is not allowed: it must be True or False")
-        self.pool = pool
-        self.change = _number("change", change, 0.0, np.inf, low_open=True, high_open=True)
-        self.max_offset = _number("max_offset", max_offset, 0.0, np.inf, high_open=True)
-        self.prior_offset = _number("offset", offset, 0.0, np.inf, high_open=True)
+
+@dataclasses.dataclass(frozen=True)
+class StepTimeParams:
+    """The step-time model's parameters, each with its meaning (checked on construction)."""
+
+    forgetting: float = 0.98  # weight of the past per step in the fixed cost's sums (memory ~ 50 steps)
+    min_spread: float = 0.05  # rms batch change between steps, relative to the batch, below which k is not fitted
+    max_error: float = 0.25  # a fit of k is taken when its standard error is below this fraction of the batch
+    max_offset: float = 16.0  # cap on k in units of the worker's mean batch
+    offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
+    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change
+    sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
+    noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
+    shape_cost: float = None  # seconds a new batch shape is taken to cost until one was measured (None: 0 on
+    # CPU workers, GPU_SHAPE_COST where a worker trains on a GPU: oneDNN sets a shape up in milliseconds, cuDNN
+    # autotuning takes seconds)
+    change_memory: float = 100.0  # steps over which a worker's rate of speed changes is averaged
+
+    def __post_init__(self):
+        if self.shape_cost is not None and not (isinstance(self.shape_cost, (int, float)) and
+                                                not isinstance(self.shape_cost, bool) and 0 <= self.shape_cost < math.inf):
+            raise ValueError(f"shape_cost={self.shape_cost!r} is not allowed: give seconds >= 0, or None (by device)")
+        for name, (low, high, low_open, high_open) in _RANGES.items():
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not (ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)):
+                raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {'(' if low_open else '['}"
+                                 f"{low}, {high}{')' if high_open else ']'}")
+
+    @classmethod
+    def of(cls, params):
+        """StepTimeParams from an instance, a dict of its fields, or None (the defaults)."""
+        if params is None or isinstance(params, cls):
+            return params or cls()
+        if isinstance(params, dict) and set(params) <= {f.name for f in dataclasses.fields(cls)}:
+            return cls(**params)
+        raise ValueError(f"model={params!r} is not allowed: give a lbbsp.steptime.StepTimeParams or a dict of its "
+                         f"fields {[f.name for f in dataclasses.fields(cls)]}")
+
+
+class StepTimeModel:
+    """Fits k_i, f_i and tracks v_i and each worker's set-up cost of new batch shapes; see the module docstring."""
+
+    #: Per-worker state (worker axis last) and what a worker new to the job starts from: "mean" (the mean of
+    #: the others' estimates) or a value (no observations of its own).
+    PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
+                  "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
+                  "change_rate": 0.0, "measured": math.nan}
+
+    #: Fits of k from which they are pooled (shrinkage pays from three estimates on).
+    POOL_FROM = 3
+
+    def __init__(self, params=None):
+        self.params = StepTimeParams.of(params)
         self.start(1)
 
-    def start(self, num_workers):
-        """Forget everything (start of training)."""
+    def start(self, num_workers, gpu=False):
+        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior)."""
         n = int(num_workers)
-        # Discounted sums over consecutive-step pairs: weight, b^2, z^2, z x, z y, z^2 y^2, z^2 x y, z^2 x^2.
-        self._sums = np.zeros((8, n))
-        self._last = np.full((2, n), np.nan)  # batch and compute time of the last valid step
-        self.offsets = np.full(n, self.prior_offset)
+        self.prior = self.params.shape_cost if self.params.shape_cost is not None else GPU_SHAPE_COST if gpu else 0.0
+        # Discounted sums over consecutive-step pairs: pairs whose batch moved, b^2, z^2, z x, z y, z^2 y^2, z^2 x y,
+        # z^2 x^2, and all pairs.
+        self.sums = np.zeros((9, n))
+        self.last = np.full((2, n), np.nan)  # batch and time of the worker's last step above its floor
+        self.offsets = np.full(n, self.params.offset)
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
+        self.spread2 = np.zeros(n)
+        self.floors = np.zeros(n)
         self.changed = np.zeros(n, dtype=bool)
-        self._resid = np.zeros(n)
-        self.updates = 0
-
-    _STATE = ("_sums", "_last", "offsets", "identified", "speeds", "changed", "_resid", "updates")
-    #: Fits needed before they are pooled: shrinking towards a mean estimated from the same fits beats taking
-    #: each alone from three on (Stein), and with two the variance between workers has one degree of freedom.
-    MIN_POOLED = 3
-    #: What a worker new to the job starts with (lbbsp.membership): no observations of its own, so its
-    #: first steps are fitted in full; its fixed cost and speed start from the others' mean.
-    EMPTY = {"_sums": 0.0, "_last": np.nan}
+        self.setup = np.zeros((2, n))  # per worker: set-up costs measured, and their sum in seconds
+        self.shapes = [frozenset()] * n  # the batch sizes each worker has run
+        self.change_rate = np.zeros(n)  # each worker's speed changes per step (a running mean)
+        self.measured = np.full(n, np.nan)  # the batch-free speed of each worker's last step, where it is one
 
     def state(self):
-        """Everything fitted so far (numpy arrays), for checkpoints."""
-        return {name: np.copy(getattr(self, name)) for name in self._STATE}
+        """Everything fitted so far, for checkpoints."""
+        return {name: (list(value) if isinstance(value, list) else np.copy(value))
+                for name, value in ((name, getattr(self, name)) for name in self.PER_WORKER)}
 
     def load_state(self, state):
         """Continue from `state()` of a model of the same number of workers."""
+        missing = [name for name in self.PER_WORKER if name not in state]
+        if missing:
+            raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
         if np.shape(state["offsets"]) != self.offsets.shape:
             raise ValueError(f"a step-time state for {np.size(state['offsets'])} workers cannot be loaded into a "
                              f"model of {self.num_workers}")
-        missing = [name for name in self._STATE if name not in state]
-        if missing:
-            raise ValueError(f"a step-time state without {missing} cannot be loaded (saved by another version)")
-        for name in self._STATE:
-            setattr(self, name, np.copy(state[name]))
+        for name in self.PER_WORKER:
+            value = state[name]
+            setattr(self, name, [frozenset(s) for s in value] if name == "shapes" else np.array(value))
 
     @property
     def num_workers(self):
         return self.offsets.size
 
     @property
-    def spread(self):
-        """Each worker's step-to-step noise: the standard deviation of log(measured / predicted time)."""
-        return np.sqrt(self._resid)
-
-    @property
-    def noise(self):
-        """Each worker's noise of one log speed measurement: its spread over sqrt(2), since the spread is of
-        the difference of two consecutive steps' independent noises."""
-        return self.spread / math.sqrt(2.0)
-
-    @property
     def threshold(self):
-        """Each worker's largest |log| deviation from its last measurement that noise explains, max(change, 4 x spread)."""
-        return np.maximum(self.change, 4.0 * np.sqrt(self._resid))
+        """Each worker's largest |log| departure from its prediction that noise explains."""
+        return np.maximum(self.params.change, self.params.sigmas * np.sqrt(self.spread2))
 
     def predict(self, batches, speeds=None):
         """Predicted compute seconds of each worker at `batches` (with `speeds`, default the tracked ones)."""
         v = self.speeds if speeds is None else np.asarray(speeds, dtype=np.float64)
-        return (self.offsets + np.asarray(batches, dtype=np.float64)) / v
+        return np.maximum(self.floors, (self.offsets + np.asarray(batches, dtype=np.float64)) / v)
+
+    @property
+    def persistence(self):
+        """Steps each worker's speed is expected to hold before it changes (inf for one that has not changed)."""
+        return np.divide(1.0, self.change_rate, out=np.full(self.num_workers, np.inf), where=self.change_rate > 0)
+
+    def setup_cost(self):
+        """The seconds a new batch shape is expected to cost a worker: the median of the workers' mean measured
+        costs (the same model on every worker; a median, since a speed change that coincides with a first visit
+        reads as set-up), else the `shape_cost` prior."""
+        count, total = self.setup
+        measured = count > 0
+        return float(np.median(total[measured] / count[measured])) if measured.any() else self.prior
+
+    def new_shapes(self, batches):
+        """True for each worker whose batch in `batches` it has not run yet."""
+        return np.array([b not in known for b, known in zip(np.asarray(batches, dtype=np.int64).tolist(),
+                                                              self.shapes)])
+
+    def seen(self, batches, new=None):
+        """Note the batch sizes the workers ran (also in steps whose timings are not used); `new`: new_shapes'."""
+        batches = np.asarray(batches, dtype=np.int64)
+        for w in np.flatnonzero(self.new_shapes(batches) if new is None else new).tolist():
+            self.shapes[w] = self.shapes[w] | {int(batches[w])}
 
     def update(self, batches, compute):
         """Feed one step's batches and compute times of all workers (NaN or <= 0 compute is skipped)."""
@@ -179,71 +171,71 @@ class StepTimeModel:
         t = np.asarray(compute, dtype=np.float64).reshape(-1)
         if b.size != self.num_workers or t.size != self.num_workers:
             raise ValueError(f"batches and compute must have {self.num_workers} entries; got {b.size} and {t.size}")
+        new = self.new_shapes(b)
+        self.seen(b, new)
         with np.errstate(all="ignore"):
-            self._update(b, t)
-        self.updates += 1
+            self._update(b, t, new)
 
-    def _update(self, b, t):
+    def _update(self, b, t, new):
+        p = self.params
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
-        resid = np.log(t / self.predict(b))
-        known = ok & np.isfinite(resid)
-        self.changed = known & (np.abs(resid) > self.threshold)
-        steady = known & ~self.changed
-        self._resid = np.where(steady, 0.8 * self._resid + 0.2 * resid ** 2, self._resid)
-        b0, t0 = self._last
+        threshold = self.threshold
+        predicted = self.predict(b)
+        # A first step at a new shape: its excess over the prediction is what setting the shape up cost. Where a
+        # set-up is expected to cost more than the step (a GPU), one slower than predicted beyond noise is not
+        # used otherwise; where less (a CPU), the excess is mostly noise and the step an ordinary measurement.
+        first = ok & new & np.isfinite(predicted)
+        costly = first & (np.log(t / predicted) > threshold) & (self.setup_cost() > predicted)
+        self.setup += np.where(first, np.array([np.ones_like(t), np.maximum(t - predicted, 0.0)]), 0.0)
+        ok &= ~costly
+        b0, t0 = self.last
+        line = (self.offsets + b) / self.speeds
+        # The batch fell and the time stayed above the line's prediction beyond noise, without rising: the worker
+        # is on its floor. Only once k is fitted: an unknown fixed cost also makes the time fall less.
+        floored = ok & self.identified & (b < b0) & (np.log(t / line) > threshold) & (np.log(t / t0) < threshold)
+        self.floors = np.where(floored, t, np.where(ok & (np.log(t / self.floors) < -threshold), 0.0, self.floors))
+        on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
+        above = ok & ~on_floor
+        resid = np.log(t / np.maximum(self.floors, line))
+        self.changed = above & np.isfinite(resid) & (np.abs(resid) > threshold)
+        self.floors = np.where(self.changed, 0.0, self.floors)  # a floor measured under other contention
+        self.change_rate += np.where(ok, (self.changed - self.change_rate) / p.change_memory, 0.0)
+        steady = above & np.isfinite(resid) & ~self.changed
+        self.spread2 = np.where(steady, self.spread2 + p.noise_rate * (resid ** 2 - self.spread2), self.spread2)
         pair = steady & np.isfinite(b0)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
         zz = z * z
-        s = self._sums
-        s *= np.where(pair, self.forgetting, 1.0)
-        s += np.where(pair, np.array([np.ones_like(b), b * b, zz, z * x, z * y, zz * y * y, zz * x * y, zz * x * x]), 0.0)
-        self._last = np.where(ok, np.array([b, t]), self._last)
+        self.sums *= np.where(pair, p.forgetting, 1.0)
+        self.sums += np.where(pair, np.array([(z != 0).astype(np.float64), b * b, zz, z * x, z * y, zz * y * y,
+                                              zz * x * y, zz * x * x, np.ones_like(b)]), 0.0)
+        self.last = np.where(above, np.array([b, t]), self.last)
         self._fit()
-        self.speeds = np.where(np.isfinite(self._last[1]), (self.offsets + self._last[0]) / self._last[1],
-                               self.speeds)
+        self.measured = np.where(above, (self.offsets + b) / t, np.nan)
+        self.speeds = np.where(above, self.measured, self.speeds)
 
     def _fit(self):
-        w, sbb, szz, szx, szy, syy, sxy, sxx = self._sums
+        p = self.params
+        moved, sbb, szz, szx, szy, syy, sxy, sxx, w = self.sums
         k = szy / szx
-        # Heteroskedasticity-robust standard error of the instrumental-variables estimate.
-        error = np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx)
         scale = np.sqrt(sbb / w)  # root-mean-square batch of the pairs
-        three_pairs = 1.0 + self.forgetting + self.forgetting ** 2  # w after three pairs: one pair has no residual
-        fit = (w >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
-            (np.sqrt(szz / sbb) >= self.min_spread)
-        if not self.pool or np.count_nonzero(fit) < self.MIN_POOLED:
-            fit &= error < self.max_error * scale
-            self.offsets = np.where(fit, k.clip(0.0, self.max_offset * scale), self.offsets)
-            self.identified |= fit
-            return
-        floor = self.min_error * scale[fit]
-        errors = np.maximum(error[fit], floor)
-        # An error below what timings resolve is a chance near-zero residual (a fit on the one pair whose batch
-        # moved has none): it says nothing of the fit's precision, which then counts as the median fit's
-        # instead of outweighing every other worker's.
-        errors = np.where(error[fit] < floor, np.maximum(_median(errors), floor), errors)
-        pooled, shrunk = _pool(k[fit], errors)
-        own = np.full(k.size, pooled)
-        own[fit] = shrunk
-        # A worker never fitted takes the pooled k; one fitted before whose batch has since settled keeps its own.
-        take = fit | ~self.identified
-        cap = np.where(np.isfinite(scale), self.max_offset * scale, np.inf)
-        self.offsets = np.where(take, own.clip(0.0, cap), self.offsets)
-        self.identified |= fit
-
-
-def _median(x):
-    """np.median of a 1-D float array without NaN: the same value, by one partition (np.median costs ten
-    times that on a few workers)."""
-    middle = x.size // 2
-    part = np.partition(x, (middle - 1, middle) if x.size % 2 == 0 else middle)
-    return part[middle] if x.size % 2 else (part[middle - 1] + part[middle]) / 2
-
-
-def _pool(estimates, errors):
-    """(pooled mean, each estimate shrunk towards it) for estimates with standard errors: the precision-weighted
-    mean, and each estimate pulled towards it by lbbsp.pooling."""
-    variance = errors * errors
-    precision = 1.0 / variance
-    pooled = float(precision @ estimates / precision.sum())
-    return pooled, shrink_towards(pooled, estimates, variance)
+        # Heteroskedasticity-robust standard error of the instrumental-variables estimate; timings do not resolve
+        # k finer than 1% of the batch.
+        error = np.maximum(np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx), 0.01 * scale)
+        three_pairs = 1.0 + p.forgetting + p.forgetting ** 2  # one or two moved pairs leave no residual
+        fit = (moved >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
+            (np.sqrt(szz / sbb) >= p.min_spread)
+        if np.count_nonzero(fit) >= self.POOL_FROM:
+            # Workers that train the same model have about the same k: each fit is pulled towards the
+            # precision-weighted mean of the fits by the share of its own error in the spread between workers
+            # (empirical Bayes); a worker without a fit takes the mean.
+            variance = error[fit] ** 2
+            center = float(np.sum(k[fit] / variance) / np.sum(1.0 / variance))
+            between = max(float(np.var(k[fit]) - np.mean(variance)), 0.0)
+            pooled = np.full(k.size, center)
+            pooled[fit] = center + between / (between + variance) * (k[fit] - center)
+            take = fit | ~self.identified
+        else:
+            pooled, take = k, fit & (error < p.max_error * scale)
+        cap = np.where(np.isfinite(scale), p.max_offset * scale, np.inf)
+        self.offsets = np.where(take, np.clip(pooled, 0.0, cap), self.offsets)
+        self.identified |= take & fit

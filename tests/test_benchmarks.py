@@ -17,8 +17,8 @@ from benchmarks.worker import make_policy
 from benchmarks.worker import parse as parse_worker
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
-from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate
-from lbbsp.allocation import tail_speeds
+from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate, tail_speeds
+from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import LBBSPPolicy
@@ -118,11 +118,11 @@ def test_curves_oracle_and_reachable_ideal():
     split, per_step = book.best_static_split(range(10), 64)
     assert split.sum() == 64 and per_step >= np.mean([book.reachable_step(t, 64) for t in range(10)]) - 1e-12
     c = BalanceController(OraclePolicy(book.at), warmup_steps=0)
-    plans = c.start(2, np.array([64] * 20))
-    assert plans[(0, 0)].tolist() == [32, 32]
+    plans = c.start(np.array([64] * 20), Bounds.of(2, 64))
+    assert plans[0].sizes.tolist() == [32, 32]
     for step in range(5):
-        key, b, _ = c.decide(0, step, np.full((2, 3), np.nan), plans[(0, 0)])
-    assert key == (0, 6) and b[1] < b[0], "the oracle knows worker 1 is slow at step 6"
+        plan, _ = c.decide(0, step, np.full((2, 3), np.nan), plans[0].sizes)
+    assert plan.key == (0, 6) and plan.sizes[1] < plan.sizes[0], "the oracle knows worker 1 is slow at step 6"
     with pytest.raises(ValueError, match="no measured curve"):
         CurveBook(s, {})
 
@@ -282,8 +282,43 @@ def test_simulator_gives_median_and_range_over_seeds(capsys):
 
 
 def test_decision_benchmark_times_every_policy():
-    times = decision_times(LBBSPPolicy(variance_aware=True), 8, steps=40, skip=10)
+    times = decision_times(LBBSPPolicy(), 8, steps=40, skip=10)
     assert times.shape == (30,) and np.all(times > 0)
+
+
+def test_gpu_profile_is_the_measured_curve_with_set_ups_for_new_shapes():
+    from benchmarks.gpusim import GPUCluster, GPUProfile
+
+    profile = GPUProfile()
+    # The H200's ResNet-50: a floor of ~15 ms up to ~50 samples, then ~0.19 ms per sample (0.43 under a
+    # full-time co-tenant), as in ../gpu/README.md.
+    assert 0.013 < profile.floor < 0.017 and 0.17e-3 < profile.slopes[0] < 0.21e-3 < profile.slopes[-1]
+    assert profile.mean_time(32, 0.0, 1.0) == profile.floor and profile.mean_time(256, 0.0, 1.0) > 0.05
+    cluster = GPUCluster(4, 20, "classes", 4 * 64, seed=1)
+    first = cluster.compute_times(0, np.full(4, 64))
+    assert first.max() < 1.0, "the equal split's shape is set up before the run"
+    moved = cluster.compute_times(1, np.array([72, 56, 64, 64]))
+    assert moved[0] > 3.0 and moved[1] > 3.0 and moved[2] < 1.0 and cluster.setups == 2
+    assert cluster.compute_times(2, np.array([72, 56, 64, 64])).max() < 1.0, "a shape is set up once"
+    k, v, f = cluster.curves(3)
+    assert (f == profile.floor).all() and np.isfinite(k).all() and (v > 0).all()
+    with pytest.raises(ValueError, match="kind='mixed'"):
+        GPUCluster(4, 20, "mixed", 256)
+
+
+def test_gpu_simulation_keeps_floor_bound_gpus_equal_and_balances_generations(capsys):
+    from benchmarks.gpusim import main, run_cell
+
+    homogeneous = run_cell(8, "homogeneous", 32, 300, 150, policies=("equal", "lbbsp-last"))
+    assert homogeneous["lbbsp-last"][1] == 0, "no shape beyond the equal split's"
+    assert homogeneous["lbbsp-last"][0] <= 1.01 * homogeneous["equal"][0]
+    classes = run_cell(8, "classes", 256, 300, 150, policies=("equal", "lbbsp-last"))
+    assert classes["lbbsp-last"][0] < 0.9 * classes["equal"][0] and classes["lbbsp-last"][1] <= 8
+    assert main(["--workers", "4", "--kinds", "cotenants", "--batches", "128", "--steps", "60",
+                 "--policies", "equal,lbbsp-last"]) == 0
+    assert "cotenants" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--batches", "30"])
 
 
 def test_a_cfs_quota_runs_its_share_of_each_period_then_stalls():
@@ -304,9 +339,10 @@ def test_step_change_simulation_separates_smooth_changes_from_cfs_stalls(capsys)
     make, predictor = POLICIES["lbbsp-last"]
     smooth = run(make(), predictor, mode="smooth", steps=160)
     assert len(smooth["cut"]) == len(smooth["restore"]) == 4
-    # Without stalls a 4x change is balanced again by the first split that knows of it (+2), both ways; PID,
-    # which moves each batch by its measured time ratio, is not.
-    changes = np.array(smooth["cut"] + smooth["restore"])
+    # Without stalls a 4x change is balanced again by the first split that knows of it (+2), both ways, once the
+    # fixed cost is known (the first cut is where the batches first move); PID, which moves each batch by its
+    # measured time ratio, is not.
+    changes = np.array(smooth["cut"][1:] + smooth["restore"])
     assert changes[:, 2].min() > 0.9 and np.median(changes[:, 2:]) > 0.95
     make_pid, _ = POLICIES["pid"]
     pid = run(make_pid(), mode="smooth", steps=160)
@@ -372,7 +408,7 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert replayed.returncode == 0, replayed.stdout[-4000:]
         assert re.search(rf"^{variant}: ([1-9]\d*) of \1 decisions match", replayed.stdout, flags=re.M), replayed.stdout
-        assert (" choice " in replayed.stdout) == (variant == "lbbsp-narx"), "what lbbsp's choice in hindsight saw"
+        assert (" speed " in replayed.stdout) == (variant == "lbbsp-narx"), "what lbbsp's step-time model saw"
     missing = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
                               str(tmp_path / "none"), "--table-only"],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -461,19 +497,17 @@ def test_every_live_variant_parses_and_builds_its_policy():
         if policy == "oracle":
             argv += ["--curves", "curves.json"]
         args = parse_worker(argv)
-        if policy == "lbbsp":
-            assert isinstance(make_policy(args), LBBSPPolicy), label
+        assert make_policy(args) == policy or isinstance(make_policy(args), LBBSPPolicy), label
+    assert worker_options("lbbsp-narx@base") == worker_options("lbbsp-narx")
     assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x",
-                                     "--max-change", "3"])).max_change == 3.0
-    assert make_policy(parse_worker(["--scenario", "x", "--policy", "lbbsp", "--out-dir", "x"])).max_change == \
-        LBBSPPolicy().max_change
+                                     "--min-gain", "0.05"])).min_gain == 0.05
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--policy", "lbbsp", "--max-change", "1"], "max_change=1.0 is not allowed"),
-    (["--policy", "pid", "--max-change", "3"], "--max-change is an option of --policy lbbsp"),
+    (["--policy", "lbbsp", "--min-gain", "2"], "min_gain=2.0 is not allowed"),
+    (["--policy", "pid", "--min-gain", "0.1"], "--min-gain is an option of --policy lbbsp"),
 ])
-def test_worker_options_refuse_a_bad_trust_region(argv, message, capsys):
+def test_worker_options_refuse_bad_values(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_worker(["--scenario", "x", "--out-dir", "x"] + argv)
     assert message in capsys.readouterr().err

@@ -30,7 +30,7 @@ def test_digests_survive_the_exchange_and_disagree_on_one_rank():
             total = rows.copy()
         else:
             total += rows
-    split = exchange.Row(total).split
+    split = exchange.unpack(total).split
     assert not digests_agree(split) and digests_agree(split[:2])
     assert digests_agree([np.nan, 5.0, 5.0]) and digests_agree([np.nan, np.nan])
 

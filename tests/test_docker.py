@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import yaml
+from packaging.specifiers import SpecifierSet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILES = [os.path.join(ROOT, "docker", f) for f in ("Dockerfile.cpu", "Dockerfile.gpu")]
@@ -59,18 +60,23 @@ def test_gpu_image_matches_tensorflows_cuda_build():
     assert base and base.groups() == (cuda, cudnn)
     assert "--gpu" in read("docker/Dockerfile.gpu")
     bootstrap = read("scripts/bootstrap.sh")
-    assert "HOROVOD_GPU_OPERATIONS=NCCL" in bootstrap and "s/^tensorflow-cpu==/tensorflow==/" in bootstrap
+    assert "scripts/build_horovod.sh" in bootstrap and "--gpu" in bootstrap
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in read("scripts/build_horovod.sh")
+    assert "s/^tensorflow-cpu==/tensorflow==/" in bootstrap
 
 
 def test_versions_agree_everywhere():
     runtime, horovod = pins("runtime.txt"), pins("horovod.txt")
-    readme, developers = read("README.md"), read("DEVELOPERS.md")
-    for doc in (readme, developers):
+    for doc in (read("README.md"), read("DEVELOPERS.md")):
         assert f"tensorflow-cpu=={runtime['tensorflow-cpu']}" in doc
         assert f"horovod=={horovod['horovod']}" in doc
-        for other in re.findall(r"(?:tensorflow(?:-cpu)?|horovod)==([\d.]+)", doc):
-            assert other in (runtime["tensorflow-cpu"], horovod["horovod"]), f"a document names version {other}"
-    assert "requirements/runtime.txt" in read("scripts/bootstrap.sh") and "_requirements(" in read("setup.py")
+    assert "requirements/runtime.txt" in read("scripts/bootstrap.sh")
+    # setup.py states ranges for users' environments; the project's own pins must lie inside them.
+    ranges = dict(re.findall(r'"([a-z0-9_-]+)([<>=!~][^"]*)"', read("setup.py")))
+    assert {"numpy", "psutil"} <= set(ranges)
+    for name, spec in ranges.items():
+        if name in runtime:
+            assert SpecifierSet(spec).contains(runtime[name]), f"{name}=={runtime[name]} is outside setup.py's {spec}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)

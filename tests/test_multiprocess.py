@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from lbbsp.policies import LBBSPPolicy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -64,21 +63,12 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
     assert all(rank["decisions"] == ranks[0]["decisions"] for rank in ranks), "ranks disagreed on batch sizes"
     assert all(rank["resynced"] == [] for rank in ranks), "the split digests disagreed"
     assert all(rank["final_loss"] == ranks[0]["final_loss"] for rank in ranks), "replicas diverged"
-    # The default split is chosen in hindsight: every rank scored the same candidates alike, and logged its choice.
-    assert ranks[0]["scored"] > 0 and all(rank["choice"] == ranks[0]["choice"] for rank in ranks)
-    assert all(rank["choice_log"] == ranks[0]["choice_log"] for rank in ranks)
-    choices = set(range(len(LBBSPPolicy.CANDIDATES)))
-    assert len(ranks[0]["choice_log"]) == 3 and set(ranks[0]["choice_log"]) <= choices, ranks[0]["choice_log"]
-    # The step-time model (its fixed costs pooled across workers) is the same on every rank, bit for bit.
-    assert all(rank["offsets"] == ranks[0]["offsets"] and rank["identified"] == ranks[0]["identified"]
-               for rank in ranks)
+    # The step-time model is the same on every rank, bit for bit.
+    assert all(rank["offsets"] == ranks[0]["offsets"] and rank["identified"] == ranks[0]["identified"] and
+               rank["speeds"] == ranks[0]["speeds"] for rank in ranks)
     if multiple == "auto":
-        # The default grid (2 samples) is refined on every rank alike once the crawling worker sits at its floor.
-        grids = ranks[0]["grids"]
-        assert all(rank["grids"] == grids for rank in ranks), "ranks disagreed on the batch grid"
-        assert r["grid"] == 2 and grids[0] == 2 and grids[-1] == 1 and grids == sorted(grids, reverse=True), grids
-        assert min(min(split) for split in ranks[0]["decisions"]) < 2, ranks[0]["decisions"]
-        multiple = 1
+        assert r["grid"] == 2  # the default grid of a global batch of 48 on 3 workers
+        multiple = 2
     if num_proc > 1:
         assert len(ranks[0]["batch_sizes"]) >= 4 - (multiple > 1), "the batch size was meant to change"
     full = [split for split in ranks[0]["decisions"] if sum(split) == r["global_batch"]]
@@ -170,7 +160,7 @@ def test_resume_mid_epoch_keeps_exactly_once_and_the_balanced_split(tmp_path, nu
     # The first resumed step already uses the balanced 1 : 2 (: 3) split saved before the crash.
     before = [b for (e, s, b) in crash[0]["sizes"] if (e, s) == (1, 6)][0]
     first = resume[0]["sizes"][0][2]
-    assert first == before == {2: [3, 5], 3: [1, 3, 4]}[num_proc], (first, before)
+    assert first == before and max(b / (10.0 * (r + 1)) for r, b in enumerate(first)) == {2: 0.3, 3: 0.15}[num_proc]
     assert all(r["weights"] == resume[0]["weights"] for r in resume), "replicas diverged after the resume"
 
 
@@ -182,7 +172,11 @@ def test_resume_from_a_model_checkpoint_with_initial_epoch(tmp_path, num_proc):
     resume = [json.loads((tmp_path / f"resume_{r}.json").read_text()) for r in range(num_proc)]
     assert crash["outcome"].startswith("simulated failure") and all(r["resumed"] for r in resume)
     assert resume[0]["sizes"][0][:2] == [1, 0], "fit(initial_epoch=1) starts at the first step of epoch 1"
-    assert resume[0]["sizes"][0][2] == {2: [3, 5], 3: [1, 3, 4]}[num_proc], "balanced from the first step"
+    # Balanced from the first step: the split the crashed run used there, a min-max split of 1 : 2 (: 3) (with
+    # two workers [3, 5] and [2, 6] tie at 0.3 s).
+    first = resume[0]["sizes"][0][2]
+    assert first == [b for (e, s, b) in crash["sizes"] if (e, s) == (1, 0)][0]
+    assert max(b / (10.0 * (r + 1)) for r, b in enumerate(first)) == {2: 0.3, 3: 0.15}[num_proc], first
     for epoch in (1, 2):
         seen = sorted(i for r in resume for (e, s, idx) in r["read"] if e == epoch for i in idx)
         assert seen == list(range(96))
@@ -250,3 +244,20 @@ def test_elastic_scaled_global_batch_ramps_the_learning_rate(tmp_path):
     assert set(lrs[:first3]) == {0.05}
     assert lrs[first3:first3 + 5] == [0.05, 0.05625, 0.0625, 0.06875, 0.075], lrs
     assert set(lrs[first3 + 5:]) == {0.075}
+
+
+def test_the_example_runs_plain_horovod_and_lbbsp_side_by_side():
+    # examples/train.py as a user runs it, in a short setting: both jobs train, rank 1 slowed.
+    launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    cmd = [launcher, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.join(ROOT, "examples", "train.py"),
+           "--slow-rank", "1", "--epochs", "2", "--samples", "4096"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "rank 1 is slowed by" in proc.stdout
+    rows = {name: line for line in proc.stdout.splitlines() for name in ("plain Horovod", "lbbsp ")
+            if name in line and "s/epoch" in line}
+    assert set(rows) == {"plain Horovod", "lbbsp "}, proc.stdout[-3000:]
+    accuracy = {name: float(line.rsplit("final accuracy", 1)[1]) for name, line in rows.items()}
+    assert all(0.2 < a <= 1.0 for a in accuracy.values()), accuracy  # both learn (10 classes: chance is 0.1)

@@ -4,9 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbsp.allocation import allocate
+from lbbsp.controller import Plan
 from lbbsp.feed import BatchFeed
 from lbbsp.sharding import epoch_permutation, global_batch_schedule
+
+from helpers import plan, proportional
 
 
 @given(n=st.integers(1, 400), size=st.sampled_from([1, 2, 3]), batch=st.integers(1, 64),
@@ -23,9 +25,9 @@ def test_every_sample_exactly_once_per_epoch(n, size, batch, seed, epoch, b_min)
     rng = np.random.default_rng(seed)
     seen = []
     for step in range(feeds[0].steps_per_epoch):
-        batches = allocate(rng.uniform(0.01, 1.0, size), int(feeds[0].schedule[step]), b_min)
+        batches = proportional(rng.uniform(0.01, 1.0, size), int(feeds[0].schedule[step]), b_min)
         for feed in feeds:
-            feed.plan(epoch, step, batches)
+            plan(feed, epoch, step, batches)
             x, y = feed.next_batch()
             assert len(x) == batches[feed.rank] and np.array_equal(y, x * 10)
             assert feed.served(epoch, step) == (len(x), 1)
@@ -95,7 +97,7 @@ def test_feed_rejects_a_tail_step_larger_than_b_max_allows():
 def test_function_source_and_nested_arrays():
     feed = BatchFeed.from_function(lambda idx: ({"a": idx * 2}, idx), 10, global_batch=5, shuffle=False,
                                       rank=1, size=2)
-    feed.plan(0, 1, [2, 3])
+    plan(feed, 0, 1, [2, 3])
     x, y = feed.next_batch()
     assert x["a"].tolist() == [14, 16, 18] and y.tolist() == [7, 8, 9]
 
@@ -103,7 +105,7 @@ def test_function_source_and_nested_arrays():
 def test_plan_rejects_wrong_batches():
     feed = BatchFeed(np.zeros(10), global_batch=5, size=2)
     with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
-        feed.plan(0, 0, [2, 2])
+        plan(feed, 0, 0, [2, 2])
     with pytest.raises(RuntimeError, match="LoadBalancer"):
         BatchFeed(np.zeros(10), global_batch=5).next_indices(timeout=0.05)
 
@@ -111,7 +113,7 @@ def test_plan_rejects_wrong_batches():
 def test_planned_steps_are_served_in_order_and_reading_ahead_is_bounded():
     feed = BatchFeed(np.arange(20), global_batch=4, shuffle=False, prefetch=1)
     for step in range(3):
-        feed.plan(0, step, [4])
+        plan(feed, 0, step, [4])
     feed.start_step(0, 0)
     assert [feed.next_indices()[1] for _ in range(2)] == [0, 1]  # the step that trains and one ahead
     with pytest.raises(RuntimeError, match="more than prefetch=1 steps ahead"):
@@ -119,7 +121,7 @@ def test_planned_steps_are_served_in_order_and_reading_ahead_is_bounded():
     feed.start_step(0, 1)
     assert feed.next_indices()[:2] == (0, 2)
     assert feed.served(0, 1) == (4, 1) and feed.served(0, 4) == (None, 0) and feed.served_beyond(0, 1) == 1
-    feed.plan(0, 1, [4])  # planning a step again changes nothing
+    plan(feed, 0, 1, [4])  # planning a step again changes nothing
     feed.close()
     assert feed.next_indices() is None
 
@@ -129,22 +131,26 @@ def test_a_reader_waiting_for_a_plan_gets_it_from_another_thread():
 
     feed = BatchFeed(np.arange(8), global_batch=4, shuffle=False)
     feed.start_step(0, 0)
-    timer = threading.Timer(0.05, feed.plan, args=(0, 0, [4]))
+    timer = threading.Timer(0.05, plan, args=(feed, 0, 0, [4]))
     timer.start()
     assert feed.next_indices(timeout=5)[2].tolist() == [0, 1, 2, 3]
     timer.join()
 
 
-def test_replan_replaces_a_step_not_read_yet_in_its_place_and_refuses_one_read():
+def replan(feed, epoch, step, sizes):
+    return feed.replace(Plan(epoch, step, np.asarray(sizes), np.zeros(len(sizes))))
+
+
+def test_replace_puts_a_step_not_read_yet_in_its_place_and_refuses_one_read():
     feed = BatchFeed(np.arange(30), global_batch=6, shuffle=False, size=2, prefetch=2)
     for step in range(3):
-        feed.plan(0, step, [3, 3])
+        plan(feed, 0, step, [3, 3])
     feed.start_step(0, 0)
     assert feed.next_indices()[2].tolist() == [0, 1, 2]
-    assert not feed.replan(0, 0, [1, 5])  # read already
-    assert feed.replan(0, 1, [2, 4]) and feed.replan(0, 3, [5, 1])  # planned and not yet planned
+    assert not replan(feed, 0, 0, [1, 5])  # read already
+    assert replan(feed, 0, 1, [2, 4]) and replan(feed, 0, 3, [5, 1])  # planned and not yet planned
     with pytest.raises(ValueError, match=r"batches=\[2, 2\]"):
-        feed.replan(0, 2, [2, 2])
+        replan(feed, 0, 2, [2, 2])
     assert [feed.next_indices()[2].tolist() for _ in range(2)] == [[6, 7], [12, 13, 14]]  # steps 1, 2 in order
     feed.start_step(0, 1)
     assert feed.next_indices()[2].tolist() == [18, 19, 20, 21, 22]

@@ -1,4 +1,4 @@
-"""lbbsp for Horovod Keras (TensorFlow 2.15, Keras 2).
+"""lbbsp for Horovod Keras (Keras 2: tf.keras on TensorFlow 2.15, tf-keras with TF_USE_LEGACY_KERAS=1 on 2.16+).
 
     import lbbsp.keras as lb
     opt = lb.DistributedOptimizer(opt)                 # instead of hvd.DistributedOptimizer
@@ -8,7 +8,13 @@
 
 Elastic jobs (workers that join and leave): lbbsp.keras.elastic.
 """
-from . import elastic
+import tensorflow as _tf
+
+from .compat import check_keras
+
+check_keras(_tf)
+
+from . import elastic  # noqa: E402 - only once Keras is known to be Keras 2
 from .callbacks import LoadBalancer, worker_identity
 from .data import BalancedFeed
 from .global_metrics import global_metric_results

@@ -27,15 +27,17 @@ def _spec(leaf):
 class BalancedFeed(BatchFeed):
     """lbbsp.feed.BatchFeed bound to this Horovod rank, with `dataset()` for `model.fit`.
 
-    Call `hvd.init()` first, or pass `rank` and `size`.
+    Call `hvd.init()` first, or pass `rank` and `size`. `prefetch=1` lets the pipeline prepare the next
+    planned step while the current one trains (at most the callback's plan_ahead). The arguments are
+    lbbsp.feed.BatchFeed's.
     """
 
-    def __init__(self, x, y=None, *, global_batch, **kwargs):
-        if "rank" not in kwargs:
-            kwargs["rank"] = hvd.rank()
-        if "size" not in kwargs:
-            kwargs["size"] = hvd.size()
-        super().__init__(x, y, global_batch=global_batch, **kwargs)
+    def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True, drop_remainder=False,
+                 b_min=1, b_max=None, batch_multiple=None, prefetch=0, rank=None, size=None, _source=None):
+        super().__init__(x, y, global_batch=global_batch, sample_weight=sample_weight, seed=seed, shuffle=shuffle,
+                         drop_remainder=drop_remainder, b_min=b_min, b_max=b_max, batch_multiple=batch_multiple,
+                         prefetch=prefetch, rank=hvd.rank() if rank is None else rank,
+                         size=hvd.size() if size is None else size, _source=_source)
 
     @classmethod
     def from_sample_fn(cls, load, num_samples, *, global_batch, num_parallel_calls=AUTOTUNE, prefetch=1,
@@ -75,6 +77,13 @@ class BalancedFeed(BatchFeed):
         if self.prefetch:
             ds = ds.prefetch(self.prefetch)
         return ds.with_options(options)
+
+    def warm_batch(self, size):
+        """`size` samples (the first ones, repeated where the data is smaller) as one batch (lbbsp.keras.warmup)."""
+        indices = np.arange(size, dtype=np.int64) % self.num_samples
+        if getattr(self, "load", None) is not None:
+            return next(iter(tf.data.Dataset.from_tensor_slices(indices).map(self.load).batch(size)))
+        return self.source.take(indices)
 
     def _sample_pipeline(self):
         def steps():

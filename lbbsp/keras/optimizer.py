@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from .. import exchange
 
-__all__ = ["DistributedOptimizer", "BalanceState", "is_balanced_optimizer"]
+__all__ = ["DistributedOptimizer", "BalanceState", "is_balanced_optimizer", "balance_state"]
 
 
 class BalanceState:
@@ -72,14 +72,13 @@ class BalanceState:
         under a small CPU quota a forecast's fraction of a millisecond of CPU takes several of wall
         time). A balancer that left it out would give that worker too much.
         """
-        wait = self.done - self.joined  # blocked in the previous step's allreduce (NaN at the first step)
         self.ready = time.time()
         begin = self.begin if self.begin is not None else self.ready
         compute = self.ready - begin + self.local_cost
         local = self.on_local(compute) if self.on_local is not None else {}
         self.joined = time.time()
         self.local_cost = self.joined - self.ready
-        return exchange.pack_local(self._rows, self.rank, compute=compute, wait=wait, **local)
+        return exchange.pack_local(self._rows, self.rank, compute=compute, **local)
 
     def on_done(self, gathered):
         """Graph callback when the gradient and stats allreduces are done: keep every rank's row."""
@@ -208,3 +207,9 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
 def is_balanced_optimizer(optimizer):
     """True for an optimizer returned by `DistributedOptimizer`."""
     return isinstance(getattr(optimizer, "_lbbsp_state", None), BalanceState)
+
+
+def balance_state(optimizer):
+    """The BalanceState through which the callback and an optimizer returned by `DistributedOptimizer` share
+    each step's batch sizes and exchanged row (None for any other optimizer)."""
+    return getattr(optimizer, "_lbbsp_state", None) if is_balanced_optimizer(optimizer) else None

@@ -68,7 +68,7 @@ class Splits(tf.keras.callbacks.Callback):
         self.balancer, self.log = balancer, []
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.log.append(self.balancer._sizes.tolist())  # the split this step runs (a resync replaces it at its end)
+        self.log.append(self.balancer.split.tolist())  # the split this step runs (a resync replaces it at its end)
 
 
 def fetch(indices):

@@ -83,7 +83,7 @@ class Drive(tf.keras.callbacks.Callback):
         where["count"] += 1
         lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
         pending.append(json.dumps({"epoch": where["epoch"], "rank": hvd.rank(), "size": hvd.size(),
-                                   "indices": where["indices"], "lr": lr, "global": int(balancer._sizes.sum())}))
+                                   "indices": where["indices"], "lr": lr, "global": int(balancer.split.sum())}))
         if hvd.rank() != 0 or where["count"] < 4 or (mode == "scale" and phase() >= 1):
             return
         size, now = hvd.size(), phase()

@@ -8,9 +8,8 @@ Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(rando
 [MULTIPLE]
 
 MULTIPLE is the feed's batch_multiple (the batch grid; default 1), or 'auto': the default grid for a
-global batch of 48 on 3 workers (2 samples; the policy may refine it to 1), with the last rank forecasting
-a speed far below the others', so its best batch falls under the grid's floor and the policy refines the
-grid (recorded per step).
+global batch of 48 on 3 workers (2 samples). lbbsp's policy plans with every valid forecast here, so the
+random ones move the split at every step.
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
 prefetched; every loaded index is recorded with tf.py_function.
@@ -20,26 +19,19 @@ import sys
 
 import numpy as np
 
-from _common import init_worker, make_test_predictors
+from _common import init_worker, make_test_predictors, trusting_policy
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
-from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
 
 out_path, kind = sys.argv[1], sys.argv[2]
 pipeline = sys.argv[3] if len(sys.argv) > 3 else "function"
 multiple = sys.argv[4] if len(sys.argv) > 4 else "1"
-auto = multiple == "auto"
-multiple, global_batch = (None, 48) if auto else (int(multiple), 24)
+multiple, global_batch = (None, 48) if multiple == "auto" else (int(multiple), 24)
 RandomPredictor, FailingPredictor = make_test_predictors()
 
 
-class CrawlingPredictor(RandomPredictor):
-    """A speed a hundred times below RandomPredictor's."""
-
-    def _forecast(self):
-        return 0.01 * super()._forecast()
 rank = hvd.rank()
 N_SAMPLES, EPOCHS = 101, 3
 read = []
@@ -57,18 +49,14 @@ class Decisions(tf.keras.callbacks.Callback):
         self.balancer, self.log = balancer, []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.log.append(self.balancer._sizes.tolist())  # the split this step used
-        self.grids.append(int(self.balancer.controller.policy.multiple))
-        self.expected.append(feed.indices(self.epoch, batch, self.balancer._sizes).tolist())
+        self.log.append(self.balancer.split.tolist())  # the split this step used
+        self.expected.append(feed.indices(self.epoch, batch, self.balancer.split).tolist())
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.choices.append(logs.get("lbbsp_choice"))
-
     def on_train_begin(self, logs=None):
-        self.expected, self.grids, self.choices = [], [], []
+        self.expected = []
 
 
 def note(index):
@@ -95,11 +83,9 @@ else:
     feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=global_batch, seed=5,
                                          batch_multiple=multiple)
 last = rank == hvd.size() - 1
-predictor = (FailingPredictor if kind == "failing" and last else CrawlingPredictor if auto and last
-             else RandomPredictor)(seed=rank)
+predictor = (FailingPredictor if kind == "failing" and last else RandomPredictor)(seed=rank)
 # Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
-policy = LBBSPPolicy(min_gain=0.0, model={"change": 100.0})
-policy.REFINE_AFTER = 1  # a short run: refine at the first decision that finds a worker held by the floor
+policy = trusting_policy(min_gain=0.0, model={"change": 100.0})
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
@@ -120,15 +106,12 @@ for epoch in range(EPOCHS):
 mine = {
     "epochs": per_epoch,
     "decisions": decisions.log,
-    "grids": decisions.grids,
     "batch_sizes": sorted({len(r) for r in chunks}),
     "tracing_count": model.train_function.experimental_get_tracing_count(),
     "predictor_failures": balancer.forecaster.failures,
-    "choice": balancer.controller.policy.choice.state()["scores"],  # the hindsight scores of the "auto" split
-    "scored": balancer.controller.policy.choice.scored,
-    "choice_log": decisions.choices,
-    "offsets": balancer.controller.policy.model.offsets.tolist(),  # the fixed costs, pooled from three fits on
+    "offsets": balancer.controller.policy.model.offsets.tolist(),  # the step-time model, the same on every rank
     "identified": balancer.controller.policy.model.identified.tolist(),
+    "speeds": balancer.controller.policy.model.speeds.tolist(),
     "resynced": balancer.resynced,  # steps at which the ranks' split digests differed (none: they agree)
     "final_loss": float(model.evaluate(np.arange(5, dtype=np.float32)[:, None], np.zeros((5, 1)), verbose=0)),
 }

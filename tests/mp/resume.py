@@ -16,11 +16,10 @@ import sys
 
 import numpy as np
 
-from _common import init_worker
+from _common import init_worker, trusting_policy
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
-from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from predictor.base import SpeedPredictor  # noqa: E402
 
 out_dir, phase = sys.argv[1], sys.argv[2]
@@ -52,7 +51,7 @@ class Record(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, step, logs=None):
         where["step"] = int(step)
-        sizes.append((where["epoch"], int(step), balancer._sizes.tolist()))  # the split this step uses
+        sizes.append((where["epoch"], int(step), balancer.split.tolist()))  # the split this step uses
 
     def on_train_batch_end(self, step, logs=None):
         if phase == "crash" and where["epoch"] == 1 and step == crash_step:
@@ -65,7 +64,7 @@ model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), 
 feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=8, seed=3)
 # k pinned at 0 (min_spread=1) and the forecasts always trusted (a change threshold nothing exceeds):
 # the split follows the forecasts exactly, 1 : 2 (: 3), whatever the tiny model's timings.
-policy = LBBSPPolicy(min_gain=0.0, model={"min_spread": 1.0, "change": 100.0})
+policy = trusting_policy(min_gain=0.0, model={"min_spread": 1.0, "change": 100.0})
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=RankSpeed(), warmup_steps=0,
                            state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"),
                            state_every=3 if mode == "steps" else None)

@@ -1,0 +1,69 @@
+"""The decision core with one mechanism switched off, for docs/ablation.md (simulator and GPU profile).
+
+    python -m benchmarks.simulate --workers 4,64 --policies lbbsp-narx,abl-mean,abl-unpooled,mean-oracle
+    python -m benchmarks.gpusim --policies equal,lbbsp-narx,abl-nofloor,abl-noshapecost,mean-oracle
+
+Each entry subclasses the shipped policy or model and overrides one thing,
+so the rest is the code users run. Live runs of the release before this
+core were ablated with that release's own switches (docs/ablation.md).
+"""
+import numpy as np
+
+from lbbsp.allocation import split
+from lbbsp.policies import LBBSPPolicy
+from lbbsp.steptime import StepTimeModel
+
+__all__ = ["ABLATIONS"]
+
+
+class _MeanOnly(LBBSPPolicy):
+    """No tail split: always the split that balances the planned speeds."""
+
+    def _choose(self, stats, curves):
+        return split(int(self.batches.sum()), self.bounds, *curves), curves
+
+
+class _NoSetupCost(LBBSPPolicy):
+    """New batch shapes taken to cost nothing: moves pass on min_gain alone."""
+
+    def setup_cost(self, target):
+        return 0.0
+
+
+class _NoAccount(LBBSPPolicy):
+    """No account of time saved against equal batches: losing moves leave no debt, and no fallback to equal."""
+
+    def _score_against_equal(self, stats):
+        pass
+
+
+class _UnpooledModel(StepTimeModel):
+    POOL_FROM = np.inf
+
+
+class _FloorlessModel(StepTimeModel):
+    def _update(self, b, t, new):
+        super()._update(b, t, new)
+        self.floors = np.zeros_like(self.floors)
+
+
+def _with_model(model_class):
+    def make():
+        policy = LBBSPPolicy()
+        policy.model = model_class()
+        return policy
+    return make
+
+
+#: name: (what is switched off, a policy factory, the predictor)
+ABLATIONS = {
+    "abl-mean": ("the tail split and its choice in hindsight", _MeanOnly, "narx"),
+    "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
+    "abl-noaccount": ("the account against equal batches (debt of losing moves, fallback to equal)", _NoAccount,
+                      "narx"),
+    "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
+    "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
+    "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),
+    "abl-nochange": ("speed-change detection (every test against noise: change, floor, costly first visit)",
+                     lambda: LBBSPPolicy(model={"change": 1e9, "sigmas": 0.0}), "narx"),
+}

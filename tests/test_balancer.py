@@ -1,0 +1,94 @@
+"""The framework-free balancer: plans handed to the train thread as immutable snapshots, decisions on their own
+thread that no timing can change."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from lbbsp.balancer import Balancer
+from lbbsp.controller import BalanceController
+from lbbsp.feed import BatchFeed
+from lbbsp.forecasting import Forecaster
+
+
+def run(delay=0.0, steps=40, workers=2):
+    """Every rank's balancer in one process, fed scripted compute times (worker 1 slows down 3x at step 12); with
+    `delay`, rank 1's decision thread sleeps that long in every decision. Returns each rank's splits and
+    forecasts."""
+    x = np.arange(4096, dtype=np.float32)
+    balancers = []
+    for rank in range(workers):
+        feed = BatchFeed(x, global_batch=256, rank=rank, size=workers)
+        controller = BalanceController("lbbsp", warmup_steps=2, plan_ahead=1)
+        if delay and rank == 1:
+            decide = controller.decide
+            controller.decide = lambda *args: (time.sleep(delay), decide(*args))[1]
+        balancer = Balancer(feed, controller, Forecaster("narx", budget=None))
+        balancer.begin(rank, workers)
+        balancers.append(balancer)
+    splits, forecasts = [[] for _ in balancers], [[] for _ in balancers]
+    for t in range(steps):
+        epoch, step = divmod(t, balancers[0].feed.steps_per_epoch)
+        plans = [b.before_step(epoch, step) for b in balancers]
+        speeds = np.array([1000.0, 1000.0 if t < 12 else 333.0])
+        rows = np.zeros((workers, 3))
+        for rank, (balancer, plan) in enumerate(zip(balancers, plans)):
+            compute = (20.0 + plan.sizes[rank]) / speeds[rank]
+            local = balancer.local(compute)
+            rows[rank] = (local["forecast"], compute, local["split"])
+            splits[rank].append(np.asarray(plan.sizes).tolist())
+            forecasts[rank].append(local["forecast"])
+        for balancer in balancers:
+            balancer.after_step(epoch, step, rows, dict(overhead=0.0, overhead_cpu=0.0), broadcast=lambda obj: obj)
+    for balancer in balancers:
+        balancer.end()
+    return splits, forecasts
+
+
+def test_a_slow_decision_thread_changes_no_decision():
+    splits, forecasts = run()
+    slow_splits, slow_forecasts = run(delay=0.02)
+    assert splits[0] == splits[1] == slow_splits[0] == slow_splits[1]
+    assert np.array_equal(np.array(forecasts), np.array(slow_forecasts), equal_nan=True)
+    assert splits[0][-1][0] > 2 * splits[0][-1][1], "the slowed worker's batch moved"
+
+
+def test_the_train_thread_reads_only_the_plans_it_is_handed():
+    feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=1)
+    balancer = Balancer(feed, BalanceController("lbbsp", warmup_steps=0), Forecaster("last", budget=None))
+    balancer.begin(0, 1)
+    plan = balancer.before_step(0, 0)
+    with pytest.raises(ValueError):
+        plan.offsets[0] = 1.0  # a snapshot: the decision thread cannot change what this step runs with
+    assert threading.current_thread() is threading.main_thread()
+    balancer.local(0.01)
+    balancer.after_step(0, 0, np.array([[np.nan, 0.01, plan.digest]]), dict(overhead=0.0, overhead_cpu=0.0),
+                        broadcast=lambda obj: obj)
+    assert balancer.before_step(0, 1).key == (0, 1)
+    balancer.end()
+
+
+def test_a_step_whose_optimizer_did_not_report_is_a_clear_error():
+    feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=1)
+    balancer = Balancer(feed, BalanceController("equal"))
+    balancer.begin(0, 1)
+    balancer.before_step(0, 0)
+    with pytest.raises(RuntimeError, match="did not go through lbbsp.keras.DistributedOptimizer"):
+        balancer.after_step(0, 0, np.zeros((1, 3)), dict(overhead=0.0, overhead_cpu=0.0), broadcast=lambda o: o)
+    balancer.end()
+
+
+@pytest.mark.parametrize("content", [{"version": 1, "controller": {}}, b"not a pickle",
+                                     b"\x80\x04\x95\x1b\x00\x00\x00\x00\x00\x00\x00\x8c\x0elbbsp.pooling\x94\x8c"
+                                     b"\x04Pool\x94\x93\x94."])
+def test_a_state_file_of_another_version_starts_afresh_with_a_warning(tmp_path, caplog, content):
+    import pickle
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps(content) if isinstance(content, dict) else content)
+    feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=1)
+    balancer = Balancer(feed, BalanceController("lbbsp", warmup_steps=0), Forecaster("last", budget=None))
+    balancer.begin(0, 1)
+    assert balancer.restore(str(path), broadcast=lambda obj: obj) is False
+    assert "starting from equal batches" in caplog.text
+    balancer.end()
