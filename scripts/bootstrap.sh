@@ -21,7 +21,7 @@ python="${LBBSP_PYTHON:-python3.11}"
 command -v "$python" >/dev/null || { echo "bootstrap.sh: $python not found; Python 3.11 is required" >&2; exit 2; }
 
 stamp="$venv/.lbbsp-bootstrap"
-want="$( { cat "$root"/requirements/*.txt "$root/setup.py" "$0"; echo "gpu=$gpu dev=$dev"; } | sha256sum | cut -d' ' -f1)"
+want="$( { cat "$root"/requirements/*.txt "$root/setup.py" "$0" "$root/scripts/build_horovod.sh"; echo "gpu=$gpu dev=$dev"; } | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -38,15 +38,9 @@ if [ "$gpu" = 1 ]; then
 fi
 "${pip[@]}" install "${runtime[@]}"
 
-export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
-if [ "$gpu" = 1 ]; then
-  export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1
-else
-  export HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
-fi
-export MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
-# The wheel cache stays on: a rebuild of the venv reuses the compiled Horovod.
-"${pip[@]}" install --no-build-isolation -r "$root/requirements/horovod.txt"
+# Horovod from source against the TensorFlow just installed (Gloo; NCCL and MPI with --gpu); pip's wheel
+# cache stays on, so a rebuild of the venv reuses the compiled Horovod.
+bash "$root/scripts/build_horovod.sh" "$venv/bin/python" $([ "$gpu" = 1 ] && echo --gpu)
 if [ "$dev" = 1 ]; then
   "${pip[@]}" install -r "$root/requirements/dev.txt"
 fi
