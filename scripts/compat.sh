@@ -38,7 +38,8 @@ bash "$root/scripts/build_horovod.sh" "$py"
 changed="$(diff "$venv/freeze-before.txt" "$venv/freeze-after.txt" | grep '^[<>]' | grep -v '^> lbbsp[ =@]' || true)"
 keras3="n/a"
 if [ "$legacy" = 1 ]; then
-  if (cd /tmp && TF_CPP_MIN_LOG_LEVEL=3 "$py" -c "import lbbsp.keras" 2>&1) | grep -q "TF_USE_LEGACY_KERAS=1"; then
+  refusal="$(cd /tmp && TF_CPP_MIN_LOG_LEVEL=3 "$py" -c "import lbbsp.keras" 2>&1 || true)"
+  if grep -q "TF_USE_LEGACY_KERAS=1" <<< "$refusal"; then
     keras3="refused with the fix"
   else
     keras3="NOT refused"
