@@ -1,7 +1,7 @@
 """The decision core with one mechanism switched off, for docs/ablation.md (simulator and GPU profile).
 
     python -m benchmarks.simulate --workers 4,64 --policies lbbsp-narx,abl-mean,abl-unpooled,mean-oracle
-    python -m benchmarks.gpusim --policies equal,lbbsp-narx,abl-nofloor,abl-noshapecost,mean-oracle
+    python -m benchmarks.gpusim --policies equal,lbbsp-narx,abl-nofloor,abl-nosetup,mean-oracle
 
 Each entry subclasses the shipped policy or model and overrides one thing,
 so the rest is the code users run. Live runs of the release before this

@@ -46,8 +46,8 @@ from lbbsp.allocation import step_times
 from predictor.traces import TRACE_DIR, read_trace
 
 from .ablation import ABLATIONS
-from .oracle import OraclePolicy, best_split
-from .simulate import simulate
+from .oracle import best_split
+from .simulate import POLICY_VARIANTS, simulate
 
 __all__ = ["GPUProfile", "GPUCluster", "run_cell", "main", "KINDS"]
 
@@ -110,9 +110,7 @@ class GPUCluster:
         self.features = p.features[index]
         self.noise = {on_floor: self._draw(rng, on_floor) for on_floor in (True, False)}
         self.seed = seed
-        self._setup_rng = np.random.default_rng([seed, 1])
-        self.known = [{global_batch // n} for _ in range(n)]
-        self.setups, self.setup_seconds = 0, 0.0
+        self.reset_shapes(global_batch)
         self._best = {}
 
     def _draw(self, rng, on_floor):
@@ -156,7 +154,7 @@ class GPUCluster:
         self._setup_rng = np.random.default_rng([self.seed, 1])
         self.setups, self.setup_seconds = 0, 0.0
 
-    def curves(self, step):
+    def mean_truth(self, step):
         """(offsets k, speeds v, floors f) of every worker's mean curve at `step`: what the mean oracle knows."""
         p, d = self.profile, self.duty[min(step, self.steps)]
         slope = p._slope(d) / self.speed_class
@@ -168,7 +166,7 @@ class GPUCluster:
         if global_batch not in self._best:
             best = []
             for step in range(self.steps):
-                k, v, _ = self.curves(step)
+                k, v, _ = self.mean_truth(step)
                 f = self.clean_times(step, np.zeros(self.num_workers))  # the drawn floors
                 v = v / np.exp(self.noise[False][step])
                 best.append(float(step_times(best_split(v, global_batch, 1, k, f), v, k, f).max()))
@@ -184,10 +182,7 @@ def run_cell(n, kind, per_gpu, steps, steps_per_epoch, seed=0, policies=POLICIES
     out = {}
     for name in policies:
         cluster.reset_shapes(global_batch, warm)
-        policy, predictor = ((OraclePolicy(cluster.curves), None) if name == "mean-oracle" else
-                             (ABLATIONS[name][1](), ABLATIONS[name][2]) if name in ABLATIONS else
-                             ("lbbsp", name.split("-")[1]) if name.startswith("lbbsp-") else (name, None))
-        run = simulate(cluster, policy, predictor, global_batch, steps_per_epoch=steps_per_epoch)
+        run = simulate(cluster, *POLICY_VARIANTS[name], global_batch, steps_per_epoch=steps_per_epoch)
         out[name] = (float(run["step_time"].sum()), cluster.setups, cluster.setup_seconds)
     return out
 

@@ -172,7 +172,8 @@ class Cluster:
                                                           for i in picks], axis=1))
         self.noise = np.log(self.speed / self.mean)
         self.tail = self._tails(num_workers, [sources[i] for i in picks] if profile != "low-noise" else None, seed)
-        self.offset, self.comm, self.profile, self.multiple, self.gpu = float(offset), comm, profile, 1, False
+        self.offset, self.comm, self.profile = float(offset), comm, profile
+        self.multiple, self.gpu, self.warm_shapes = 1, False, ()
         self.num_workers, self.steps = num_workers, steps
         self._best = {}
 
@@ -278,8 +279,7 @@ def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_
     best = cluster.best_steps(global_batch)
     bounds = Bounds.of(cluster.num_workers, global_batch, multiple=cluster.multiple)
     runs = drive(_policy(policy, cluster, 1 + plan_ahead), predictor, np.full(steps_per_epoch, global_batch), bounds,
-                 cluster.steps, cluster.compute_times, cluster.features, plan_ahead, cluster.gpu,
-                 getattr(cluster, "warm_shapes", ()))
+                 cluster.steps, cluster.compute_times, cluster.features, plan_ahead, cluster.gpu, cluster.warm_shapes)
     eta, step_time, decide = zip(*((best[t] / compute.max(), compute.max() + cluster.comm, seconds)
                                    for t, (_, compute, seconds) in enumerate(runs)))
     return {"eta": np.array(eta), "step_time": np.array(step_time), "decide": np.array(decide)}

@@ -300,7 +300,7 @@ def test_gpu_profile_is_the_measured_curve_with_set_ups_for_new_shapes():
     moved = cluster.compute_times(1, np.array([72, 56, 64, 64]))
     assert moved[0] > 3.0 and moved[1] > 3.0 and moved[2] < 1.0 and cluster.setups == 2
     assert cluster.compute_times(2, np.array([72, 56, 64, 64])).max() < 1.0, "a shape is set up once"
-    k, v, f = cluster.curves(3)
+    k, v, f = cluster.mean_truth(3)
     assert (f == profile.floor).all() and np.isfinite(k).all() and (v > 0).all()
     with pytest.raises(ValueError, match="kind='mixed'"):
         GPUCluster(4, 20, "mixed", 256)
