@@ -323,10 +323,11 @@ class LBBSPPolicy(Policy):
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
         target, self._curves = self._choose(stats, self.curves(stats.forecast, stats.batches, stats.compute))
-        self._score_against_equal(stats)
         # Moves that lost against equal batches leave a debt where set-ups cost seconds (GPUs); on a CPU
-        # (set-ups of milliseconds, steps scattering by tens of per cent) the account is mostly noise.
-        debt = max(-self._account, 0.0) if self.model.prior > 0 else 0.0
+        # (set-ups of milliseconds, steps scattering by tens of per cent) the account would be mostly noise.
+        if self.model.prior > 0:
+            self._score_against_equal(stats)
+        debt = max(-self._account, 0.0)
         if self._pays(target, stats.horizon, debt):
             self.batches, self._regret, self._proposal = target, 0.0, None
         elif debt > 0 and self._faster(self._equal):  # moves have cost more than they saved: back to equal

@@ -185,7 +185,9 @@ class StepTimeModel:
         # set-up is expected to cost more than the step (a GPU), one slower than predicted beyond noise is not
         # used otherwise; where less (a CPU), the excess is mostly noise and the step an ordinary measurement.
         first = ok & new & np.isfinite(predicted)
-        costly = first & (np.log(t / predicted) > threshold) & (self.setup_cost() > predicted)
+        costly = first & (np.log(t / predicted) > threshold)
+        if costly.any():  # the median of the measured costs only where a first visit may need it
+            costly &= self.setup_cost() > predicted
         self.setup += np.where(first, np.array([np.ones_like(t), np.maximum(t - predicted, 0.0)]), 0.0)
         ok &= ~costly
         b0, t0 = self.last
