@@ -147,11 +147,15 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._state.on_local = self.core.local
         self._epoch, self._train_metrics = epoch, {}
 
-    def _check_builds(self, builds):
-        """Warn when the ranks' numpy builds may round differently (lbbsp.consistency)."""
-        problem = build_mismatch(builds)
+    def _gather(self, name, mine=None):
+        """Every rank's `mine`, gathered with each rank's numpy build and device: warns when the builds may round
+        differently (lbbsp.consistency) and sets `gpu` when some worker trains on a GPU."""
+        gathered = hvd.allgather_object((mine, numpy_build(), _on_gpu()), name=name)
+        problem = build_mismatch([build for _, build, _ in gathered])
         if problem:
             log.warning("lbbsp: %s", problem)
+        self.gpu = any(gpu for _, _, gpu in gathered)
+        return [item for item, _, _ in gathered]
 
     def on_train_begin(self, logs=None):
         if self.elastic is not None:
@@ -165,9 +169,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if self._state.size != self.size:
             raise ValueError(f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}")
         self.feed.bind(self.rank, self.size)
-        gathered = hvd.allgather_object((numpy_build(), _on_gpu()), name="lbbsp_numpy")
-        self._check_builds([build for build, _ in gathered])
-        self.gpu = any(gpu for _, gpu in gathered)
+        self._gather("lbbsp_numpy")
         self._warm_up()
         self._begin()
         self.resumed = bool(self.state_path) and self.core.restore(self._state_file(), _broadcast("lbbsp_state"))
@@ -194,10 +196,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self._state = self._check_model(model)
         self.rank, self.size = hvd.rank(), hvd.size()
         self._state.rebind(self.rank, self.size)
-        gathered = hvd.allgather_object((worker_identity(), numpy_build(), _on_gpu()), name="lbbsp_workers")
-        workers = [identity for identity, _, _ in gathered]
-        self._check_builds([build for _, build, _ in gathered])
-        self.gpu = any(gpu for _, _, gpu in gathered)
+        workers = self._gather("lbbsp_workers", worker_identity())
         snapshot = elastic.lbbsp or {}
         epoch, position = int(elastic.epoch), int(snapshot.get("position", 0))
         self.feed.bind(self.rank, self.size, resume=(epoch, position) if position else None,
