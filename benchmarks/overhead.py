@@ -5,7 +5,9 @@
 The same model without any collective (`local`: a plain optimizer, each rank
 training alone on its shard, so the rest of a step is the allreduce), plain
 Horovod (hvd.DistributedOptimizer, its shard through tf.data's batch and
-prefetch, equal batches) and
+prefetch, equal batches), lbbsp's DistributedOptimizer alone on the same
+pipeline (`optimizer`: the weighted gradients and the graph callbacks that
+time the step and carry the stats, no callback, no feed) and
 lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
 ahead, off the critical path), lbbsp+NARX with plan_ahead=0 (decision on
 the critical path) and lbbsp+NARX without its forecast cost budget (the
@@ -15,17 +17,21 @@ With --quota every rank runs under that cgroup CPU quota (cores), where each
 millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
 Reported per variant: the median steady-state step time (warm-up steps
 dropped), the range of the per-round medians, the extra milliseconds per
-step over plain Horovod and their share of its step time, the plugin's
+step over plain Horovod and their share of its step time, the mean step
+time against plain Horovod's (what an epoch takes), the process's CPU time
+per step (every thread: TensorFlow's, Horovod's, the plugin's), the plugin's
 median time on the critical path, and the median time of its background
 work (the decision; the forecast is on the critical path).
 """
 import argparse
+import resource
 import sys
 import time
 
 import numpy as np
 
-VARIANTS = ("local", "horovod", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline", "lbbsp-narx-always")
+VARIANTS = ("local", "horovod", "optimizer", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline",
+            "lbbsp-narx-always")
 
 
 def main(argv=None):
@@ -64,19 +70,25 @@ def main(argv=None):
             if self.last is not None:
                 self.times.append(now - self.last)
             self.last = now
+            if batch == warmup:
+                self.cpu = _cpu_seconds()
+
+        def on_train_end(self, logs=None):
+            self.cpu_per_step = (_cpu_seconds() - self.cpu) / max(len(self.times) - warmup, 1)
 
     def run(variant):
         model = build_model("mlp", hidden=args.hidden, seed=0)
         clock = StepClock()
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
-        if variant in ("local", "horovod"):
+        if variant in ("local", "horovod", "optimizer"):
             optimizer = tf.keras.optimizers.SGD(0.01)
-            model.compile(optimizer=optimizer if variant == "local" else hvd.DistributedOptimizer(optimizer), loss=loss)
+            wrap = {"local": lambda o: o, "horovod": hvd.DistributedOptimizer, "optimizer": lb.DistributedOptimizer}
+            model.compile(optimizer=wrap[variant](optimizer), loss=loss)
             # What a plain Horovod job reads: its shard, batched and prefetched by tf.data.
             data = tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).repeat()
             model.fit(data.batch(args.batch, drop_remainder=True).prefetch(1), steps_per_epoch=args.steps,
                       epochs=1, verbose=0, callbacks=callbacks + [clock])
-            return clock.times[warmup:], (float("nan"), float("nan"))
+            return clock.times[warmup:], (float("nan"), float("nan")), clock.cpu_per_step
         policy, _, rest = variant.partition("-")
         predictor, _, mode = rest.partition("-")
         model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss=loss)
@@ -89,15 +101,17 @@ def main(argv=None):
                   callbacks=callbacks + [balancer, clock])
         rows = balancer.history[warmup:]
         return clock.times[warmup:], (float(np.median([r["overhead"] for r in rows])),
-                                      float(np.median([r["background"] for r in rows])))
+                                      float(np.median([r["background"] for r in rows]))), clock.cpu_per_step
 
     times = {v: [] for v in VARIANTS}
     rounds = {v: [] for v in VARIANTS}
     costs = {v: [] for v in VARIANTS}
+    cpu = {v: [] for v in VARIANTS}
     try:
         for _ in range(args.rounds):
             for variant in VARIANTS:
-                t, c = run(variant)
+                t, c, seconds = run(variant)
+                cpu[variant].append(seconds)
                 times[variant].extend(t)
                 rounds[variant].append(1e3 * float(np.median(t)))
                 costs[variant].append(c)
@@ -105,23 +119,29 @@ def main(argv=None):
         if quota is not None:
             quota.close()
     if rank == 0:
-        base = float(np.median(times["horovod"]))
+        base, base_mean = float(np.median(times["horovod"])), float(np.mean(times["horovod"]))
         where = f"each rank under a {args.quota}-core quota" if args.quota else "each rank on its own core"
         print(f"{size} workers ({where}), per-worker batch {args.batch}, mlp hidden {args.hidden}, {args.rounds} "
               f"rounds x {args.steps - warmup - 1} steady steps per variant, interleaved")
-        print(f"{'variant':<19}{'step ms':>9}{'rounds [min-max]':>18}{'extra ms':>10}{'extra %':>9}"
-              f"{'critical-path ms':>18}{'background ms':>15}")
+        print(f"{'variant':<19}{'step ms':>9}{'rounds [min-max]':>18}{'extra ms':>10}{'extra %':>9}{'mean %':>8}"
+              f"{'CPU ms':>8}{'critical-path ms':>18}{'background ms':>15}")
         for variant in VARIANTS:
             step = float(np.median(times[variant]))
             spread = f"[{min(rounds[variant]):.2f}-{max(rounds[variant]):.2f}]"
             head = f"{variant:<19}{1e3 * step:>9.2f}{spread:>18}{1e3 * (step - base):>+10.2f}" \
-                   f"{100 * (step / base - 1):>+8.1f}%"
-            if variant in ("local", "horovod"):
+                   f"{100 * (step / base - 1):>+8.1f}% {100 * (np.mean(times[variant]) / base_mean - 1):>+6.1f}% " \
+                   f"{1e3 * float(np.median(cpu[variant])):>7.2f}"
+            if variant in ("local", "horovod", "optimizer"):
                 print(f"{head}{'-':>18}{'-':>15}")
                 continue
             path, background = np.nanmedian(np.array(costs[variant]), axis=0)
             print(f"{head}{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
     return 0
+
+
+def _cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":

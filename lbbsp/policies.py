@@ -261,7 +261,7 @@ class LBBSPPolicy(Policy):
 
     def start(self, global_batch, bounds):
         self.model.start(bounds.num_workers)
-        self._curves, self._regret, self._proposal = None, 0.0, None
+        self._curves, self._mean, self._regret, self._proposal = None, None, 0.0, None
         self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
         self._proposals, self._tail_score, self._use_tail = {}, 0.0, False
         self._account = 0.0
@@ -322,7 +322,8 @@ class LBBSPPolicy(Policy):
 
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
-        target, self._curves = self._choose(stats, self.curves(stats.forecast, stats.batches, stats.compute))
+        self._mean = self.curves(stats.forecast, stats.batches, stats.compute)
+        target, self._curves = self._choose(stats, self._mean)
         # Moves that lost against equal batches leave a debt where set-ups cost seconds (GPUs); on a CPU
         # (set-ups of milliseconds, steps scattering by tens of per cent) the account would be mostly noise.
         if self.model.prior > 0:
@@ -361,8 +362,13 @@ class LBBSPPolicy(Policy):
         if not saving > self.min_gain * now or setup == 0:
             self._regret, self._proposal = 0.0, None
             return saving > self.min_gain * now
+        # Set-ups are paid from the saving expected at the planned speeds: the tail split's margin against noisy
+        # workers says where to split, not how much a move saves.
+        times = step_times(self.batches, *self._mean)
+        now = times.max()
+        saving = now - step_times(target, *self._mean).max()
         # The move stays worth making while the previous step's proposal would still save half as much.
-        same = self._proposal is not None and now - step_times(self._proposal, *self._curves).max() >= saving / 2
+        same = self._proposal is not None and now - step_times(self._proposal, *self._mean).max() >= saving / 2
         self._regret, self._proposal = (self._regret if same else 0.0) + saving, target
         horizon = min(self.horizon or horizon or np.inf, self.model.persistence[int(np.argmax(times))])
         return self._regret >= setup + debt and saving * horizon >= setup + debt

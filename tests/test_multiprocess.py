@@ -17,11 +17,15 @@ ROOT = os.path.dirname(HERE)
 def horovodrun(num_proc, script, *args, timeout=600, expect_failure=False):
     """Run tests/mp/SCRIPT on `num_proc` local ranks; fail with the job's output if it fails (or, expecting
     a failure, if it succeeds)."""
+    return launch(num_proc, [os.path.join(HERE, "mp", script), *map(str, args)], timeout, expect_failure)
+
+
+def launch(num_proc, argv, timeout=600, expect_failure=False):
+    """Run `python ARGV` on `num_proc` local ranks from the repository's root; its output."""
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
     assert launcher, "horovodrun not found: run the README's test command, which builds the environment"
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-    cmd = [launcher, "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo",
-           sys.executable, os.path.join(HERE, "mp", script), *map(str, args)]
+    cmd = [launcher, "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo", sys.executable, *argv]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     if expect_failure:
@@ -248,16 +252,22 @@ def test_elastic_scaled_global_batch_ramps_the_learning_rate(tmp_path):
 
 def test_the_example_runs_plain_horovod_and_lbbsp_side_by_side():
     # examples/train.py as a user runs it, in a short setting: both jobs train, rank 1 slowed.
-    launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-    cmd = [launcher, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, os.path.join(ROOT, "examples", "train.py"),
-           "--slow-rank", "1", "--epochs", "2", "--samples", "4096"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    assert "rank 1 is slowed by" in proc.stdout
-    rows = {name: line for line in proc.stdout.splitlines() for name in ("plain Horovod", "lbbsp ")
+    out = launch(2, [os.path.join(ROOT, "examples", "train.py"), "--slow-rank", "1", "--epochs", "2",
+                     "--samples", "4096"])
+    assert "rank 1 is slowed by" in out
+    rows = {name: line for line in out.splitlines() for name in ("plain Horovod", "lbbsp ")
             if name in line and "s/epoch" in line}
-    assert set(rows) == {"plain Horovod", "lbbsp "}, proc.stdout[-3000:]
+    assert set(rows) == {"plain Horovod", "lbbsp "}, out[-3000:]
     accuracy = {name: float(line.rsplit("final accuracy", 1)[1]) for name, line in rows.items()}
     assert all(0.2 < a <= 1.0 for a in accuracy.values()), accuracy  # both learn (10 classes: chance is 0.1)
+
+
+def test_the_overhead_benchmark_reports_every_variant():
+    from benchmarks.overhead import VARIANTS
+
+    out = launch(2, ["-m", "benchmarks.overhead", "--rounds", "1", "--steps", "30"])
+    rows = {line.split()[0].split(":")[-1]: line.split()[1:] for line in out.splitlines()
+            if line.split()[1:2] and line.split()[0].split(":")[-1] in VARIANTS}
+    assert set(rows) == set(VARIANTS), out[-3000:]
+    cpu = {name: float(values[5]) for name, values in rows.items()}  # ms per step, every thread of the process
+    assert all(0 < ms < 1000 for ms in cpu.values()), cpu
