@@ -169,7 +169,7 @@ def _move(b, count, k, v, f, lo, hi, add):
     while count > 0:
         steps = np.arange(1, depth + 1)
         batch = b[:, None] + steps if add else b[:, None] - steps + 1
-        times = np.maximum(f[:, None], (k[:, None] + batch) / v[:, None])
+        times = step_times(batch, v[:, None], k[:, None], f[:, None])
         fits = room[:, None] >= steps
         worker = np.broadcast_to(np.arange(b.size)[:, None], times.shape)[fits]
         times, batch = times[fits], batch[fits]

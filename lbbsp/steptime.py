@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from .allocation import step_times
+
 __all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST"]
 
 #: Seconds a new batch shape is taken to cost on a GPU worker until one was measured (cuDNN autotunes a
@@ -139,7 +141,7 @@ class StepTimeModel:
     def predict(self, batches, speeds=None):
         """Predicted compute seconds of each worker at `batches` (with `speeds`, default the tracked ones)."""
         v = self.speeds if speeds is None else np.asarray(speeds, dtype=np.float64)
-        return np.maximum(self.floors, (self.offsets + np.asarray(batches, dtype=np.float64)) / v)
+        return step_times(batches, v, self.offsets, self.floors)
 
     @property
     def persistence(self):
