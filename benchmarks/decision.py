@@ -18,6 +18,7 @@ import numpy as np
 from lbbsp.allocation import Bounds
 from lbbsp.policies import LBBSPPolicy, make_policy
 
+from .cli import integers
 from .simulate import drive
 
 __all__ = ["decision_times", "main"]
@@ -40,17 +41,14 @@ def decision_times(policy, num_workers, steps=600, skip=100, seed=0, per_worker_
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="4,64,1024", help="comma-separated cluster sizes")
+    parser.add_argument("--workers", type=integers, default="4,64,1024", help="comma-separated cluster sizes")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {list(POLICIES)}")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--skip", type=int, default=100)
-    parser.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds of the synthetic speeds")
+    parser.add_argument("--seeds", type=integers, default="0,1,2,3",
+                        help="comma-separated seeds of the synthetic speeds")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(s) for s in args.workers.split(",")]
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--workers={args.workers!r} and --seeds={args.seeds!r} must be comma-separated integers")
+    sizes, seeds = args.workers, args.seeds
     names = [p.strip() for p in args.policies.split(",")]
     unknown = [p for p in names if p not in POLICIES]
     if unknown or any(s < 1 for s in sizes) or not 0 <= args.skip < args.steps - 10:

@@ -46,6 +46,7 @@ from lbbsp.allocation import step_times
 from predictor.traces import TRACE_DIR, read_trace
 
 from .ablation import ABLATIONS
+from .cli import integers
 from .oracle import best_split
 from .simulate import POLICY_VARIANTS, simulate
 
@@ -189,9 +190,9 @@ def run_cell(n, kind, per_gpu, steps, steps_per_epoch, seed=0, policies=POLICIES
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="8,64,256,1024")
+    parser.add_argument("--workers", type=integers, default="8,64,256,1024")
     parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--batches", default="32,128,256", help="per-GPU batch of the equal split")
+    parser.add_argument("--batches", type=integers, default="32,128,256", help="per-GPU batch of the equal split")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--steps-per-epoch", type=int, default=500)
@@ -199,11 +200,7 @@ def main(argv=None):
     parser.add_argument("--warm", action="store_true", help="every grid shape up to twice the equal share set up "
                                                             "before the run (warm_shapes)")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(v) for v in args.workers.split(",")]
-        batches = [int(v) for v in args.batches.split(",")]
-    except ValueError:
-        parser.error(f"--workers={args.workers!r} and --batches={args.batches!r} must be comma-separated integers")
+    sizes, batches = args.workers, args.batches
     kinds, names = args.kinds.split(","), args.policies.split(",")
     bad = [k for k in kinds if k not in KINDS] + [p for p in names if p not in POLICIES and p not in ABLATIONS]
     if bad or min(sizes) < 1 or min(batches) < 8 or any(b % 8 for b in batches) or args.steps < 20 or \

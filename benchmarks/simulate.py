@@ -72,6 +72,7 @@ from lbbsp.forecasting import Forecaster
 from predictor.traces import list_traces, read_trace
 
 from .ablation import ABLATIONS
+from .cli import integers
 from .oracle import OraclePolicy, best_split, predicted_time
 from .variants import LIVE_ONLY, VARIANTS
 
@@ -312,7 +313,7 @@ def _cell(values, width, digits=3):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="4,64,256,1024", help="comma-separated cluster sizes")
+    parser.add_argument("--workers", type=integers, default="4,64,256,1024", help="comma-separated cluster sizes")
     parser.add_argument("--profiles", default="recorded,low-noise", help=f"comma-separated, from {PROFILES}")
     parser.add_argument("--policies", default="equal,pid,lbbsp-ema,lbbsp-last,lbbsp-narx,oracle,mean-oracle,"
                                               "lagged-mean-oracle,tail-oracle")
@@ -324,19 +325,17 @@ def main(argv=None):
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", help="comma-separated seeds, one cluster each, every policy on every one: cells "
-                                        "are then the median with [min-max] over the seeds (overrides --seed)")
+    parser.add_argument("--seeds", type=integers, help="comma-separated seeds, one cluster each, every policy on "
+                                                       "every one: cells are then the median with [min-max] over the "
+                                                       "seeds (overrides --seed)")
     parser.add_argument("--plot", help="write a plot of eta against the number of workers to this PNG path")
     args = parser.parse_args(argv)
     if args.skip is None:
         args.skip = min(50, args.steps // 3)
-    sizes = [int(s) for s in args.workers.split(",")]
+    sizes = args.workers
     names = [p.strip() for p in args.policies.split(",")]
     profiles = [p.strip() for p in args.profiles.split(",")]
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
-    except ValueError:
-        parser.error(f"--seeds={args.seeds!r} is not allowed: give comma-separated integers")
+    seeds = args.seeds or [args.seed]
     unknown = [p for p in names if p not in POLICY_VARIANTS] + [p for p in profiles if p not in PROFILES]
     if unknown or any(s < 1 for s in sizes) or args.steps < 20 or not 0 <= args.skip < args.steps - 10 \
             or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0 or len(set(seeds)) < len(seeds):

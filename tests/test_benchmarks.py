@@ -521,3 +521,12 @@ def test_worker_options_refuse_bad_values(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_worker(["--scenario", "x", "--out-dir", "x"] + argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["simulate", "gpusim", "decision"])
+def test_a_list_argument_that_is_not_integers_is_named(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"benchmarks.{module}").main(["--workers", "4,x"])
+    assert "'4,x' is not allowed: give comma-separated integers" in capsys.readouterr().err
