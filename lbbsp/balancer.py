@@ -164,6 +164,8 @@ class Balancer:
         index = self.feed.epoch_schedule.index(epoch, step)
         if index > self._unchecked_until and not digests_agree(unpack(gathered).split):
             sizes = self._resync(index, broadcast)
+        while self._decisions and self._decisions[0].done():  # finished ones: keep the queue a step or two long
+            self._decisions.popleft().result()
         self._decisions.append(self._thread.submit(self._decide, epoch, step, np.array(gathered), sizes,
                                                    dict(record)))
         if self.controller.plan_ahead == 0:
