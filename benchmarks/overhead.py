@@ -10,8 +10,9 @@ pipeline (`optimizer`: the weighted gradients and the graph callbacks that
 time the step and carry the stats, no callback, no feed) and
 lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
 ahead, off the critical path), lbbsp+NARX with plan_ahead=0 (decision on
-the critical path) and lbbsp+NARX without its forecast cost budget (the
-predictor runs at every step) train the same model on identical workers, interleaved
+the critical path), lbbsp+NARX without its forecast cost budget (the
+predictor runs at every step) and lbbsp+NARX without its decision budget
+(a decision at every step) train the same model on identical workers, interleaved
 over several rounds in the same processes, so machine noise hits all alike.
 With --quota every rank runs under that cgroup CPU quota (cores), where each
 millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
@@ -31,7 +32,7 @@ import time
 import numpy as np
 
 VARIANTS = ("local", "horovod", "optimizer", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline",
-            "lbbsp-narx-always")
+            "lbbsp-narx-always", "lbbsp-narx-every")
 
 
 def main(argv=None):
@@ -96,7 +97,8 @@ def main(argv=None):
                                global_batch=global_batch, prefetch=0 if mode == "inline" else 1)
         balancer = lb.LoadBalancer(feed, policy="equal" if policy == "equal" else "lbbsp",
                                    predictor=predictor or "ema", plan_ahead=0 if mode == "inline" else 1,
-                                   **({"forecast_budget": None} if mode == "always" else {}))
+                                   **({"forecast_budget": None} if mode == "always" else
+                                      {"decision_budget": None} if mode == "every" else {}))
         model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
                   callbacks=callbacks + [balancer, clock])
         rows = balancer.history[warmup:]

@@ -39,7 +39,7 @@ __all__ = ["load_run", "replay", "main"]
 
 def load_run(run_dir):
     """The per-step records of every rank of a run: {column: array of shape (steps, ranks)} for the columns a
-    decision reads (epoch, step, global_batch, batch_size, forecast, wait, compute)."""
+    decision reads (epoch, step, global_batch, batch_size, forecast, compute, decision)."""
     paths = sorted(glob.glob(os.path.join(run_dir, "steps_rank*.csv")),
                    key=lambda p: int(os.path.basename(p)[len("steps_rank"):-len(".csv")]))
     if not paths:
@@ -50,8 +50,10 @@ def load_run(run_dir):
         with open(path, newline="") as fh:
             ranks.append(list(csv.DictReader(fh)))
     steps = min(len(rows) for rows in ranks)
-    columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "wait", "compute")
-    return {name: np.array([[float(rows[i][name]) for rows in ranks] for i in range(steps)]) for name in columns}
+    columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "compute", "decision")
+    # Runs of lbbsp before 0.4 reported no decision time (they decided at every step).
+    return {name: np.array([[float(rows[i].get(name, 0.0)) for rows in ranks] for i in range(steps)])
+            for name in columns}
 
 
 def replay(run_dir, variant="lbbsp-narx", gpu=False):
@@ -77,11 +79,13 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
     ahead = 1 + args.plan_ahead
     for i in range(len(epoch)):
         # The rows travel as float32 (lbbsp.keras.optimizer); the CSVs hold the float64 values before that.
-        for column in ("forecast", "compute"):
+        for column in ("forecast", "compute", "decision"):
             gathered[:, exchange.FIELDS.index(column)] = run[column][i].astype(np.float32)
         ran = run["batch_size"][i].astype(np.int64)
-        decided = np.asarray(controller.decide(int(epoch[i]), int(step[i]), gathered, ran)[0].sizes)
-        record = {"epoch": int(epoch[i]), "step": int(step[i]), "ran": ran.tolist(), "decided": decided.tolist()}
+        plan, stats = controller.decide(int(epoch[i]), int(step[i]), gathered, ran)
+        decided = np.asarray(plan.sizes)
+        record = {"epoch": int(epoch[i]), "step": int(step[i]), "ran": ran.tolist(), "decided": decided.tolist(),
+                  "period": stats.period}
         if i + ahead < len(epoch):
             checked += 1
             record["match"] = bool(np.array_equal(run["batch_size"][i + ahead].astype(np.int64), decided))
@@ -99,6 +103,7 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
 def _line(r):
     text = f"{r['epoch']:>3} {r['step']:>3}  ran {r['ran']} -> {r['decided']}"
     text += "  MISMATCH" if r.get("match") is False else ""
+    text += "  (split held)" if r["period"] == 0 else f"  (holds {r['period']} steps)" if r["period"] > 1 else ""
     if "speed" in r:
         text += (f"  speed {np.round(r['speed']).tolist()} k {np.round(r['offset'], 1).tolist()} "
                  f"threshold {np.round(r['threshold'], 2).tolist()}")

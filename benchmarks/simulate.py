@@ -260,13 +260,15 @@ def drive(policy, predictor, schedule, bounds, steps, measure, features=None, pl
     # budget=None: the simulator's clock is not a simulated worker's, and its runs must repeat exactly.
     forecasters = [Forecaster(predictor, budget=None) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
+    gathered[:, exchange.FIELDS.index("decision")] = 0.0  # simulated decisions take no time: a split every step
+    column = {name: exchange.FIELDS.index(name) for name in ("forecast", "compute", "split")}
     for t in range(steps):
         epoch, step = divmod(t, len(schedule))
         plan = plans.pop((epoch, step))
         compute = measure(t, plan.sizes)
-        gathered[:, 1], gathered[:, 2] = compute, plan.digest
+        gathered[:, column["compute"]], gathered[:, column["split"]] = compute, plan.digest
         if forecasters is not None:
-            gathered[:, 0] = [f.update(plan.sizes[w], compute[w], plan.offsets[w],
+            gathered[:, column["forecast"]] = [f.update(plan.sizes[w], compute[w], plan.offsets[w],
                                        None if features is None else features[t, w]) for w, f in enumerate(forecasters)]
         start = time.perf_counter()
         decided, _ = controller.decide(epoch, step, gathered, plan.sizes)

@@ -142,7 +142,7 @@ class Balancer:
         elif self.forecaster is not None:
             self.forecaster.shapes.add(batch)  # set up during the warm-up steps
         self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
-        return {"forecast": forecast, "split": self._plan.digest}
+        return {"forecast": forecast, "split": self._plan.digest, "decision": self._plan.cost}
 
     def after_step(self, epoch, step, gathered, record, broadcast):
         """The step is done (its rows gathered): check that every rank ran the same split, queue the decision;
@@ -156,7 +156,7 @@ class Balancer:
                                "gradients (a custom train_step must call optimizer.minimize or compute_gradients)")
         compute, offset, forecast, features, cost, cpu = self._local
         record.update(speed=batch_free_speed(int(self._plan.sizes[self.rank]), compute, offset), offset=offset,
-                      forecast=forecast, compute=compute, overhead=record["overhead"] + cost,
+                      forecast=forecast, compute=compute, decision=self._plan.cost, overhead=record["overhead"] + cost,
                       overhead_cpu=record["overhead_cpu"] + cpu)
         if features is not None:
             record.update(zip(self.steps.columns[len(self.steps.columns) - len(features):], map(float, features)))

@@ -8,23 +8,37 @@ default) the decision is computed while step t + 1 runs, off the critical
 path, and the data for a step is known a whole step before it starts. A
 decision is published as a `Plan`, an immutable snapshot of everything the
 train thread needs for that step.
+
+A decision costs CPU beside the step, more with more workers. Where it
+would take more than `budget` of the workers' compute time, decisions are
+made every `period` steps, the split holding in between; the period follows
+from the gathered rows (each rank reports its decision's CPU time), so every
+rank sets the same one.
 """
 import dataclasses
 import logging
+import math
+import time
 
 import numpy as np
 
 from .allocation import Bounds
-from .consistency import digest
+from .consistency import digest as split_digest
 from .exchange import unpack
+from .forecasting import check_budget
 from .membership import worker_index
 from .metrics import balanced_time
 from .policies import Policy, StepStats, make_policy
 from .sharding import EpochSchedule
 
-__all__ = ["BalanceController", "Plan"]
+__all__ = ["BalanceController", "Plan", "DECISION_BUDGET", "MAX_PERIOD"]
 
 log = logging.getLogger(__name__)
+
+#: Default share of the workers' compute time one decision's CPU may take per step (the forecast's budget).
+DECISION_BUDGET = 0.01
+#: Most steps a split holds between decisions.
+MAX_PERIOD = 64
 
 
 def _frozen(values, dtype):
@@ -36,33 +50,37 @@ def _frozen(values, dtype):
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The split of step (epoch, step), with what the train thread needs to run it: each worker's fixed cost
-    in samples (which turns its timing into its batch-free speed) and the split's digest."""
+    in samples (which turns its timing into its batch-free speed), the split's digest, and the CPU seconds of
+    this rank's latest decision when the plan was made (what the rank reports in its rows)."""
 
     epoch: int
     step: int
     sizes: np.ndarray
     offsets: np.ndarray
+    cost: float = 0.0
+    digest: float = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self):
+        # Computed here, on the deciding thread, not in every step's row on the train thread.
+        object.__setattr__(self, "digest", split_digest(self.sizes))
 
     @property
     def key(self):
         return self.epoch, self.step
 
-    @property
-    def digest(self):
-        return digest(self.sizes)
-
 
 class BalanceController:
     """Decides every step's per-worker batch sizes from the gathered rows of the step that just ended."""
 
-    def __init__(self, policy="lbbsp", warmup_steps=2, plan_ahead=1):
+    def __init__(self, policy="lbbsp", warmup_steps=2, plan_ahead=1, budget=DECISION_BUDGET):
         for name, value in (("warmup_steps", warmup_steps), ("plan_ahead", plan_ahead)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= 0")
         self.policy = make_policy(policy)
-        self._failed = False
+        self._failed, self._changes, self._period = False, 0, 1
         self.warmup_steps = warmup_steps
         self.plan_ahead = plan_ahead
+        self.budget = check_budget(budget, "decision_budget")
 
     @property
     def uses_forecast(self):
@@ -83,13 +101,13 @@ class BalanceController:
         epoch, step = schedule.after(epoch, step, 0)
         self.policy.start(int(schedule.of(epoch)[step]), bounds)
         self.policy.prepare(warm_shapes, gpu)
-        self.steps_seen = 0
+        self.steps_seen, self.next_decision, self.cost, self._period = 0, 0, 0.0, 1
         return self.initial_plans(epoch, step)
 
     def _plan(self, key, sizes):
         model = getattr(self.policy, "model", None)
         offsets = model.offsets if model is not None else np.zeros(self.size)
-        return Plan(*key, _frozen(sizes, np.int64), _frozen(offsets, np.float64))
+        return Plan(*key, _frozen(sizes, np.int64), _frozen(offsets, np.float64), self.cost)
 
     def initial_plans(self, epoch=0, step=0):
         """The current split for (epoch, step) and the plan_ahead steps after it (at the start or a resume)."""
@@ -98,27 +116,57 @@ class BalanceController:
 
     def decide(self, epoch, step, gathered, sizes):
         """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with
-        `sizes`; and the StepStats of the measured step."""
+        `sizes`; and the StepStats of the measured step (`period` 0 where no decision was made: warm-up, or a
+        step between decisions)."""
+        started = time.thread_time()
         row = unpack(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
         key = self.schedule.after(epoch, step, 1 + self.plan_ahead)
         next_global = int(self.schedule.of(key[0])[key[1]])
-        stats = StepStats(step=self.schedule.index(epoch, step), batches=np.asarray(sizes, dtype=np.int64).copy(),
-                          compute=row.compute, forecast=row.forecast, target=self.schedule.index(*key),
-                          horizon=self.schedule.steps_in(key[0]) - key[1])
+        index = self.schedule.index(epoch, step)
         self.steps_seen += 1
-        if self.steps_seen <= self.warmup_steps:
-            # The first steps trace the train function (twice in Keras 2.15): their timings say nothing.
+        stats = StepStats(step=index, batches=np.asarray(sizes, dtype=np.int64).copy(), compute=row.compute,
+                          forecast=row.forecast, target=self.schedule.index(*key),
+                          horizon=self.schedule.steps_in(key[0]) - key[1], period=0)
+        # Between decisions a step that surprises the policy (a speed change) is decided on at once.
+        decides = self.steps_seen > self.warmup_steps and (index >= self.next_decision or
+                                                           self._guarded(self.policy.surprised, stats,
+                                                                         fallback=False))
+        if decides:
+            stats = dataclasses.replace(stats, period=self.period(row.decision, row.compute))
+            self.next_decision = index + stats.period
+            decided = self._guarded(self.policy.after_step, stats, next_global)
+        else:
+            # The first steps trace the train function (twice in Keras 2.15): their timings say nothing. Between
+            # decisions the split holds.
             self.policy.seen(stats.batches)
             decided = self.policy.resize(next_global)
-        else:
-            decided = self._guarded(self.policy.after_step, stats, next_global)
         if key[1] == 0:
             decided = self._guarded(self.policy.after_epoch, next_global)
+        if decides:
+            self.cost = time.thread_time() - started
         return self._plan(key, decided), stats
 
-    def _guarded(self, decide, *args):
-        """A policy that raises keeps its split (resized): training goes on, with one warning. A deterministic
-        failure fails alike on every rank; one that is not shows in the digests and is resynced."""
+    def period(self, costs, compute):
+        """Steps the split decided now holds: 1 while the ranks' median decision CPU time `costs` is within
+        `budget` of the workers' median `compute` time, else the power of two that brings it within (at most
+        MAX_PERIOD). Only gathered numbers enter, so every rank finds the same period."""
+        cost, step = float(np.median(costs)), float(np.median(compute))
+        period = 1
+        if self.budget is not None and cost > self.budget * step > 0:  # NaN anywhere: every step
+            period = min(2 ** math.ceil(math.log2(cost / (self.budget * step))), MAX_PERIOD)
+        if period != self._period:
+            self._changes += 1
+            log.log(logging.INFO if self._changes == 1 else logging.DEBUG,
+                    "lbbsp: a decision takes %.2f ms of CPU, %.1f%% of the workers' %.1f ms of compute (budget "
+                    "%.1f%%); deciding every %d step(s)", 1e3 * cost, 100 * cost / step, 1e3 * step,
+                    100 * self.budget, period)
+            self._period = period
+        return period
+
+    def _guarded(self, decide, *args, fallback=None):
+        """A policy that raises keeps its split (resized to the global batch `args[-1]`; a call that answers
+        something else gives `fallback`): training goes on, with one warning. A deterministic failure fails
+        alike on every rank; one that is not shows in the digests and is resynced."""
         try:
             return decide(*args)
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
@@ -126,11 +174,12 @@ class BalanceController:
                 log.warning("lbbsp: the %s policy raised %r; keeping its current split (warned once)",
                             self.policy.name, exc)
             self._failed = True
-            return Policy.resize(self.policy, args[-1])
+            return Policy.resize(self.policy, args[-1]) if fallback is None else fallback
 
     def state(self):
         """The decision state, identical on every rank; for checkpoints."""
-        return {"policy": self.policy.name, "steps_seen": self.steps_seen, "state": self.policy.state()}
+        return {"policy": self.policy.name, "steps_seen": self.steps_seen, "next_decision": self.next_decision,
+                "state": self.policy.state()}
 
     def _check(self, state):
         if state.get("policy") != self.policy.name:
@@ -141,7 +190,7 @@ class BalanceController:
         """Continue from `state()`; a state of another policy or size raises ValueError."""
         self._check(state)
         self.policy.load_state(state["state"])
-        self.steps_seen = int(state["steps_seen"])
+        self.steps_seen, self.next_decision = int(state["steps_seen"]), int(state.get("next_decision", 0))
 
     def rejoin(self, state, old_workers, new_workers):
         """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`; call after
@@ -150,7 +199,7 @@ class BalanceController:
         self._check(state)
         index = worker_index(old_workers, new_workers)
         self.policy.rejoin(state["state"], index, int(self.policy.batches.sum()))
-        self.steps_seen = int(state["steps_seen"])
+        self.steps_seen, self.next_decision = int(state["steps_seen"]), int(state.get("next_decision", 0))
         return index
 
     @property

@@ -9,7 +9,10 @@ N x len(FIELDS) matrix of zeros, so the sum holds every rank's row). Fields:
 - ``compute``: seconds this worker was busy in this step before it could join
   the allreduce (lbbsp.keras.optimizer);
 - ``split``: a digest of the split this worker ran in this step
-  (lbbsp.consistency.digest): every rank must run the same split.
+  (lbbsp.consistency.digest): every rank must run the same split;
+- ``decision``: CPU seconds this rank's latest decision took (0 before
+  any), from which every rank sets the same decision period
+  (lbbsp.controller).
 
 Everything else a decision needs (the batch sizes) is already known to every
 rank, so nothing else travels.
@@ -21,7 +24,7 @@ import numpy as np
 __all__ = ["FIELDS", "Gathered", "empty", "pack_local", "unpack"]
 
 #: Every column, in order.
-FIELDS = ("forecast", "compute", "split")
+FIELDS = ("forecast", "compute", "split", "decision")
 #: The gathered columns by name, each an array with one entry per worker.
 Gathered = collections.namedtuple("Gathered", FIELDS)
 

@@ -26,13 +26,14 @@ FORECAST_BUDGET = 0.01
 _TIMINGS = 5
 
 
-def check_budget(budget):
-    """`budget` as a float, or None (always run the predictor); a clear error for anything else."""
+def check_budget(budget, name="forecast_budget"):
+    """`budget` (a share of the step's compute time) as a float, or None (no budget: the work runs at every
+    step); a clear error naming `name` for anything else."""
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget < math.inf:
-        raise ValueError(f"forecast_budget={budget!r} is not allowed: give a share of the step's compute time "
-                         ">= 0 (e.g. 0.01), or None to run the predictor at every step")
+        raise ValueError(f"{name}={budget!r} is not allowed: give a share of the step's compute time >= 0 (e.g. "
+                         "0.01), or None to do the work at every step")
     return float(budget)
 
 

@@ -13,6 +13,7 @@ __all__ = ["StepLog", "FIELDS"]
 FIELDS = (
     "time", "epoch", "step", "rank", "workers", "global_batch", "batch_size", "compute", "wait", "step_time",
     "speed", "offset", "forecast", "next_batch_size", "efficiency", "overhead", "overhead_cpu", "background",
+    "decision",
 )
 
 

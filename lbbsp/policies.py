@@ -23,7 +23,9 @@ class StepStats:
     """What every worker measured in one step, gathered from all ranks (arrays of length N).
 
     `step` counts steps from the start of training; `target` is the step whose split is being decided;
-    `horizon` the steps from it to the end of its epoch (None: not known).
+    `horizon` the steps from it to the end of its epoch (None: not known); `period` the steps that split holds
+    before the next decision (lbbsp.controller), of which the measured step stands for as many (0: no decision
+    is made from this step).
     """
 
     step: int
@@ -32,6 +34,7 @@ class StepStats:
     forecast: np.ndarray
     target: int = 0
     horizon: int = None
+    period: int = 1
 
     @property
     def speed(self):
@@ -86,6 +89,10 @@ class Policy:
     def prepare(self, warm_shapes=(), gpu=False):
         """What the job knows before training: the batch sizes every worker has set up, and whether some worker
         trains on a GPU."""
+
+    def surprised(self, stats):
+        """Whether a step between decisions (lbbsp.controller's period) calls for a decision at once."""
+        return False
 
     def after_step(self, stats, next_global_batch):
         """Batches for the next step, given the step that just ended."""
@@ -311,7 +318,10 @@ class LBBSPPolicy(Policy):
         tail = speeds * np.exp(-np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self._errors[2]))
         splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
         measured = self.model.measured
-        proposed = self._proposals.pop(stats.step, None)
+        # The proposals in force in the measured step: the latest made for it or before (a split holds between
+        # decisions).
+        due = [step for step in self._proposals if step <= stats.step]
+        proposed = self._proposals[max(due)] if due else None
         if proposed is not None and proposed.shape == splits.shape and np.isfinite(measured).all():
             times = step_times(proposed, measured, offsets, floors).max(axis=1)
             self._tail_score += self.CHOICE_RATE * (np.log(times[1] / times[0]) - self._tail_score)
@@ -319,6 +329,12 @@ class LBBSPPolicy(Policy):
         self._proposals = {step: s for step, s in self._proposals.items() if step > stats.step}
         self._proposals[stats.target] = splits
         return splits[int(self._use_tail)], (tail if self._use_tail else speeds, offsets, floors)
+
+    def surprised(self, stats):
+        """A worker's step departed from the model's prediction beyond noise: its speed changed."""
+        with np.errstate(all="ignore"):
+            departure = np.abs(np.log(stats.compute / self.model.predict(stats.batches)))
+        return bool(np.any(departure > self.model.threshold))
 
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
@@ -329,7 +345,7 @@ class LBBSPPolicy(Policy):
         if self.model.prior > 0:
             self._score_against_equal(stats)
         debt = max(-self._account, 0.0)
-        if self._pays(target, stats.horizon, debt):
+        if self._pays(target, stats, debt):
             self.batches, self._regret, self._proposal = target, 0.0, None
         elif debt > 0 and self._faster(self._equal):  # moves have cost more than they saved: back to equal
             self.batches = self._equal.copy()
@@ -348,13 +364,13 @@ class LBBSPPolicy(Policy):
             # A worker that ran its equal batch took what equal batches would have taken.
             equal = np.where(stats.batches == self._equal, stats.compute,
                              step_times(self._equal, speeds, self.model.offsets, self.model.floors))
-            self._account += float(np.max(equal)) - float(np.max(stats.compute))
+            self._account += (float(np.max(equal)) - float(np.max(stats.compute))) * stats.period
 
-    def _pays(self, target, horizon, debt=0.0):
+    def _pays(self, target, stats, debt=0.0):
         """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
         shapes (one worker's cost: done in parallel), plus any `debt` of earlier moves, twice: from the saving
         forgone while the move stayed worth making (ski rental) and from the saving over the horizon (capped by
-        how long the slowest worker's speed is expected to hold)."""
+        how long the slowest worker's speed is expected to hold); each decision stands for `stats.period` steps."""
         times = step_times(self.batches, *self._curves)
         now = times.max()
         saving = now - step_times(target, *self._curves).max()
@@ -369,8 +385,9 @@ class LBBSPPolicy(Policy):
         saving = now - step_times(target, *self._mean).max()
         # The move stays worth making while the previous step's proposal would still save half as much.
         same = self._proposal is not None and now - step_times(self._proposal, *self._mean).max() >= saving / 2
-        self._regret, self._proposal = (self._regret if same else 0.0) + saving, target
-        horizon = min(self.horizon or horizon or np.inf, self.model.persistence[int(np.argmax(times))])
+        self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.period, target
+        horizon = min(self.horizon or stats.horizon or np.inf,
+                      self.model.persistence[int(np.argmax(times))] * stats.period)
         return self._regret >= setup + debt and saving * horizon >= setup + debt
 
     def setup_cost(self, target):

@@ -145,7 +145,8 @@ class StepTimeModel:
 
     @property
     def persistence(self):
-        """Steps each worker's speed is expected to hold before it changes (inf for one that has not changed)."""
+        """Updates (steps the model was fed) each worker's speed is expected to hold before it changes (inf for one
+        that has not changed)."""
         return np.divide(1.0, self.change_rate, out=np.full(self.num_workers, np.inf), where=self.change_rate > 0)
 
     def setup_cost(self):

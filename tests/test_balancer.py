@@ -32,11 +32,11 @@ def run(delay=0.0, steps=40, workers=2):
         epoch, step = divmod(t, balancers[0].feed.steps_per_epoch)
         plans = [b.before_step(epoch, step) for b in balancers]
         speeds = np.array([1000.0, 1000.0 if t < 12 else 333.0])
-        rows = np.zeros((workers, 3))
+        rows = np.zeros((workers, 4))
         for rank, (balancer, plan) in enumerate(zip(balancers, plans)):
             compute = (20.0 + plan.sizes[rank]) / speeds[rank]
             local = balancer.local(compute)
-            rows[rank] = (local["forecast"], compute, local["split"])
+            rows[rank] = (local["forecast"], compute, local["split"], local["decision"])
             splits[rank].append(np.asarray(plan.sizes).tolist())
             forecasts[rank].append(local["forecast"])
         for balancer in balancers:
@@ -63,7 +63,7 @@ def test_the_train_thread_reads_only_the_plans_it_is_handed():
         plan.offsets[0] = 1.0  # a snapshot: the decision thread cannot change what this step runs with
     assert threading.current_thread() is threading.main_thread()
     balancer.local(0.01)
-    balancer.after_step(0, 0, np.array([[np.nan, 0.01, plan.digest]]), dict(overhead=0.0, overhead_cpu=0.0),
+    balancer.after_step(0, 0, np.array([[np.nan, 0.01, plan.digest, 0.0]]), dict(overhead=0.0, overhead_cpu=0.0),
                         broadcast=lambda obj: obj)
     assert balancer.before_step(0, 1).key == (0, 1)
     balancer.end()
@@ -75,7 +75,7 @@ def test_a_step_whose_optimizer_did_not_report_is_a_clear_error():
     balancer.begin(0, 1)
     balancer.before_step(0, 0)
     with pytest.raises(RuntimeError, match="did not go through lbbsp.keras.DistributedOptimizer"):
-        balancer.after_step(0, 0, np.zeros((1, 3)), dict(overhead=0.0, overhead_cpu=0.0), broadcast=lambda o: o)
+        balancer.after_step(0, 0, np.zeros((1, 4)), dict(overhead=0.0, overhead_cpu=0.0), broadcast=lambda o: o)
     balancer.end()
 
 

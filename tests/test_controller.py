@@ -15,10 +15,11 @@ from lbbsp.policies import POLICIES, LBBSPPolicy, make_policy
 from predictor import EMAPredictor
 
 
-def gathered(forecast, compute):
+def gathered(forecast, compute, decision=0.0):
     out = exchange.empty(len(forecast))
     out[:, exchange.FIELDS.index("forecast")] = forecast
     out[:, exchange.FIELDS.index("compute")] = compute
+    out[:, exchange.FIELDS.index("decision")] = decision
     return out
 
 
@@ -220,6 +221,39 @@ def test_missing_and_bad_measurements_keep_a_valid_split():
         assert b.sum() == 30 and b.min() >= 1
 
 
+def test_the_decision_period_keeps_a_decisions_cpu_within_its_budget():
+    c = BalanceController("lbbsp", budget=0.01)
+    assert c.period([0.0005, 0.0009], [0.1, 0.1]) == 1  # 0.7% of the compute time
+    assert c.period([0.002, 0.003], [0.1, 0.1]) == 4  # 2.5%: every 4 steps brings it to 0.6%
+    assert c.period([0.05, 0.05], [0.1, 0.1]) == 64  # at most MAX_PERIOD
+    assert c.period([np.nan, 0.05], [0.1, np.nan]) == 1 and c.period([0.01, 0.01], [0.0, 0.0]) == 1
+    assert BalanceController("lbbsp", budget=None).period([0.05, 0.05], [0.1, 0.1]) == 1
+
+
+def test_decisions_over_budget_are_made_every_few_steps_alike_on_every_rank_and_at_once_on_a_change():
+    # Decisions take 5% of the compute time against a 1% budget: one every 8 steps, from the rows of steps 0, 8,
+    # 16, ... Worker 1 slows down 4x at step 20, between two of them: that step is decided on at once (its split
+    # runs from step 22), and the period counts from there.
+    k, B = 10.0, 256
+
+    def speeds(t):
+        return np.array([1000.0, 250.0 if t >= 20 else 1000.0])
+
+    loops = [Loop(BalanceController(LBBSPPolicy(), warmup_steps=0, budget=0.01), 2, [B] * 100) for _ in range(2)]
+    splits, eta = [], []
+    for t in range(60):
+        v = speeds(t)
+        rows = lambda sizes: gathered(v, (k + sizes) / v, 0.05 * np.median((k + sizes) / v))  # noqa: E731
+        used = [loop.step(rows).tolist() for loop in loops]
+        assert used[0] == used[1]
+        splits.append(used[0])
+        eta.append(((B + 2 * k) / v.sum()) / np.max((k + np.array(used[0])) / v))
+    changed = [t for t in range(1, 60) if splits[t] != splits[t - 1]]
+    assert changed[0] == 22 and all((t - 22) % 8 == 0 for t in changed), changed
+    assert loops[0].c.next_decision == 60  # decisions from steps 0, 8, 16, 20, 28, ..., 52
+    assert min(eta[22:]) >= 0.9, np.round(eta, 2)
+
+
 def test_state_round_trip_continues_identically():
     rng = np.random.default_rng(2)
     rows = [gathered(rng.uniform(10, 100, 3), rng.uniform(0.01, 0.1, 3)) for _ in range(20)]
@@ -322,6 +356,8 @@ def test_bad_arguments_name_the_value():
         LBBSPPolicy(min_gain=1.5)
     with pytest.raises(ValueError, match="horizon=0"):
         LBBSPPolicy(horizon=0)
+    with pytest.raises(ValueError, match="decision_budget=-1"):
+        BalanceController("equal", budget=-1)
     with pytest.raises(ValueError, match="bounds=64"):
         BalanceController("equal").start([64], 64)
 

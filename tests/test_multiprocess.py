@@ -54,11 +54,13 @@ def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares):
 @pytest.mark.parametrize("num_proc, predictor, pipeline, multiple", [
     (1, "random", "function", 1), (2, "random", "function", 1), (3, "random", "function", 1),
     (3, "failing", "function", 1), (2, "random", "sample", 1), (3, "random", "sample", 4),
-    (3, "random", "function", "auto"),
+    (3, "random", "function", "auto"), (3, "random", "function", "held"),
 ])
 def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predictor, pipeline, multiple):
     out = tmp_path / "result.json"
-    horovodrun(num_proc, "exactly_once.py", out, predictor, pipeline, multiple)
+    held = multiple == "held"  # decisions over their budget: the split decided from the first step holds
+    multiple = 1 if held else multiple
+    horovodrun(num_proc, "exactly_once.py", out, predictor, pipeline, multiple, "held" if held else "every")
     r = json.loads(out.read_text())
     ranks = r["ranks"]
     for epoch in range(3):
@@ -73,7 +75,10 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
     if multiple == "auto":
         assert r["grid"] == 2  # the default grid of a global batch of 48 on 3 workers
         multiple = 2
-    if num_proc > 1:
+    if held:  # the same period on every rank (no resync above), one decision (steps 0-1 run the first plans)
+        later = {tuple(split) for split in ranks[0]["decisions"][2:] if sum(split) == r["global_batch"]}
+        assert len(later) == 1 and later != {(8, 8, 8)}, ranks[0]["decisions"]
+    elif num_proc > 1:
         assert len(ranks[0]["batch_sizes"]) >= 4 - (multiple > 1), "the batch size was meant to change"
     full = [split for split in ranks[0]["decisions"] if sum(split) == r["global_batch"]]
     assert full and all(b % multiple == 0 for split in full for b in split), "a split left the batch grid"

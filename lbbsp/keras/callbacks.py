@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from ..balancer import Balancer
 from ..consistency import build_mismatch, numpy_build
-from ..controller import BalanceController
+from ..controller import DECISION_BUDGET, BalanceController
 from ..forecasting import FORECAST_BUDGET, Forecaster, check_budget
 from .data import BalancedFeed
 from .global_metrics import global_metric_results
@@ -72,6 +72,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
       state_every: also save every this many steps (match BackupAndRestore's `save_freq`).
       forecast_budget: the share of this worker's compute time its predictor may take per step; over it,
         the worker forecasts its last measured speed (`lbbsp.forecasting.Forecaster`). None: always.
+      decision_budget: the share of the workers' compute time a decision's CPU may take per step; over it,
+        splits are decided every 2, 4, ... steps (`lbbsp.controller`). None: every step.
       warm_shapes: batch sizes to set up on every worker before training (one forward and backward pass
         each, no update), so that moving to them later costs no cuDNN autotuning; its time is logged.
 
@@ -84,7 +86,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def __init__(self, feed, policy="lbbsp", predictor="narx", warmup_steps=2, plan_ahead=1, sync_metrics=True,
                  csv_path=None, keep_steps=1000, state_path=None, state_every=None, forecast_budget=FORECAST_BUDGET,
-                 warm_shapes=()):
+                 decision_budget=DECISION_BUDGET, warm_shapes=()):
         super().__init__()
         if not isinstance(feed, BalancedFeed):
             raise ValueError(f"feed={feed!r} is not allowed: give the lbbsp.keras.BalancedFeed passed to fit()")
@@ -97,7 +99,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         shapes = list(warm_shapes) if isinstance(warm_shapes, (list, tuple)) else None
         if shapes is None or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in shapes):
             raise ValueError(f"warm_shapes={warm_shapes!r} is not allowed: give a list of batch sizes (integers >= 1)")
-        controller = BalanceController(policy, warmup_steps, plan_ahead)
+        controller = BalanceController(policy, warmup_steps, plan_ahead, decision_budget)
         budget = check_budget(forecast_budget)
         forecaster = Forecaster(predictor, budget=budget) if controller.uses_forecast else None
         self.feed, self.state_path, self.state_every, self.sync_metrics = feed, state_path, state_every, sync_metrics

@@ -79,7 +79,8 @@ def fetch(indices):
 model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
 feed = lb.BalancedFeed.from_function(fetch, 240, global_batch=24, seed=1)
-balancer = lb.LoadBalancer(feed, policy=Drifting(), predictor=RandomPredictor(seed=rank), warmup_steps=1)
+balancer = lb.LoadBalancer(feed, policy=Drifting(), predictor=RandomPredictor(seed=rank), warmup_steps=1,
+                           decision_budget=None)  # a decision at every step: the injected ones land where planned
 splits = Splits(balancer)
 history = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=4, verbose=0,
                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, splits])

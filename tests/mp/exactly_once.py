@@ -5,14 +5,16 @@ train function was traced once for all batch sizes, and (with 'failing') that
 a predictor which raises or returns NaN/inf/<=0 on one rank neither kills
 nor hangs the job.
 Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(random|failing) [PIPELINE(function|sample)]
-[MULTIPLE]
+[MULTIPLE] [DECISIONS(every|held)]
 
 MULTIPLE is the feed's batch_multiple (the batch grid; default 1), or 'auto': the default grid for a
 global batch of 48 on 3 workers (2 samples). lbbsp's policy plans with every valid forecast here, so the
 random ones move the split at every step.
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
-prefetched; every loaded index is recorded with tf.py_function.
+prefetched; every loaded index is recorded with tf.py_function. DECISIONS 'every' (the default) decides at
+every step; 'held' gives decisions a budget no decision fits, so the split decided from the first step's rows
+holds for the whole run (lbbsp.controller.MAX_PERIOD steps).
 """
 import json
 import sys
@@ -29,6 +31,7 @@ out_path, kind = sys.argv[1], sys.argv[2]
 pipeline = sys.argv[3] if len(sys.argv) > 3 else "function"
 multiple = sys.argv[4] if len(sys.argv) > 4 else "1"
 multiple, global_batch = (None, 48) if multiple == "auto" else (int(multiple), 24)
+decision_budget = 1e-12 if len(sys.argv) > 5 and sys.argv[5] == "held" else None
 RandomPredictor, FailingPredictor = make_test_predictors()
 
 
@@ -86,7 +89,7 @@ last = rank == hvd.size() - 1
 predictor = (FailingPredictor if kind == "failing" and last else RandomPredictor)(seed=rank)
 # Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
 policy = trusting_policy(min_gain=0.0, model={"change": 100.0})
-balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0)
+balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0, decision_budget=decision_budget)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
 read.clear()  # dataset() read one sample to learn the element signature
