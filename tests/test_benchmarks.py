@@ -18,6 +18,7 @@ from benchmarks.worker import parse as parse_worker
 from benchmarks.scenario import Scenario, list_scenarios
 from benchmarks.decision import decision_times
 from benchmarks.simulate import LOW_NOISE_SPREAD, Cluster, _blocks, noise_stats, simulate, tail_speeds
+from lbbsp import exchange
 from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController
 from lbbsp.metrics import balanced_time
@@ -121,7 +122,7 @@ def test_curves_oracle_and_reachable_ideal():
     plans = c.start(np.array([64] * 20), Bounds.of(2, 64))
     assert plans[0].sizes.tolist() == [32, 32]
     for step in range(5):
-        plan, _ = c.decide(0, step, np.full((2, 3), np.nan), plans[0].sizes)
+        plan, _ = c.decide(0, step, exchange.empty(2), plans[0].sizes)
     assert plan.key == (0, 6) and plan.sizes[1] < plan.sizes[0], "the oracle knows worker 1 is slow at step 6"
     with pytest.raises(ValueError, match="no measured curve"):
         CurveBook(s, {})
