@@ -30,13 +30,6 @@ class _NoSetupCost(LBBSPPolicy):
         return 0.0
 
 
-class _NoAccount(LBBSPPolicy):
-    """No account of time saved against equal batches: losing moves leave no debt, and no fallback to equal."""
-
-    def _score_against_equal(self, stats):
-        pass
-
-
 class _UnpooledModel(StepTimeModel):
     POOL_FROM = np.inf
 
@@ -59,8 +52,6 @@ def _with_model(model_class):
 ABLATIONS = {
     "abl-mean": ("the tail split and its choice in hindsight", _MeanOnly, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
-    "abl-noaccount": ("the account against equal batches (debt of losing moves, fallback to equal)", _NoAccount,
-                      "narx"),
     "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),

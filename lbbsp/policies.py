@@ -271,10 +271,7 @@ class LBBSPPolicy(Policy):
         self._curves, self._mean, self._regret, self._proposal = None, None, 0.0, None
         self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
         self._proposals, self._tail_score, self._use_tail = {}, 0.0, False
-        self._account = 0.0
-        batches = super().start(global_batch, bounds)
-        self._equal = batches.copy()
-        return batches
+        return super().start(global_batch, bounds)
 
     def seen(self, batches):
         self.model.seen(batches)
@@ -340,37 +337,15 @@ class LBBSPPolicy(Policy):
         self.model.update(stats.batches, stats.compute)
         self._mean = self.curves(stats.forecast, stats.batches, stats.compute)
         target, self._curves = self._choose(stats, self._mean)
-        # Moves that lost against equal batches leave a debt where set-ups cost seconds (GPUs); on a CPU
-        # (set-ups of milliseconds, steps scattering by tens of per cent) the account would be mostly noise.
-        if self.model.prior > 0:
-            self._score_against_equal(stats)
-        debt = max(-self._account, 0.0)
-        if self._pays(target, stats, debt):
+        if self._pays(target, stats):
             self.batches, self._regret, self._proposal = target, 0.0, None
-        elif debt > 0 and self._faster(self._equal):  # moves have cost more than they saved: back to equal
-            self.batches = self._equal.copy()
         return self.resize(next_global_batch)
 
-    def _faster(self, split_):
-        """Whether `split_` is predicted faster than the current split by more than min_gain."""
-        now = step_times(self.batches, *self._curves).max()
-        return step_times(split_, *self._curves).max() < now * (1.0 - self.min_gain)
-
-    def _score_against_equal(self, stats):
-        """Seconds saved so far against equal batches: each step's measured time (set-ups included) against the
-        time the equal split would have taken at the speeds measured in it."""
-        speeds = np.where(np.isfinite(self.model.measured), self.model.measured, self.model.speeds)
-        if np.all(np.isfinite(speeds) & (speeds > 0)) and np.all(np.isfinite(stats.compute)):
-            # A worker that ran its equal batch took what equal batches would have taken.
-            equal = np.where(stats.batches == self._equal, stats.compute,
-                             step_times(self._equal, speeds, self.model.offsets, self.model.floors))
-            self._account += (float(np.max(equal)) - float(np.max(stats.compute))) * stats.period
-
-    def _pays(self, target, stats, debt=0.0):
+    def _pays(self, target, stats):
         """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
-        shapes (one worker's cost: done in parallel), plus any `debt` of earlier moves, twice: from the saving
-        forgone while the move stayed worth making (ski rental) and from the saving over the horizon (capped by
-        how long the slowest worker's speed is expected to hold); each decision stands for `stats.period` steps."""
+        shapes (one worker's cost: done in parallel), twice: from the saving forgone while the move stayed worth
+        making (ski rental) and from the saving over the horizon (capped by how long the slowest worker's speed is
+        expected to hold); each decision stands for `stats.period` steps."""
         times = step_times(self.batches, *self._curves)
         now = times.max()
         saving = now - step_times(target, *self._curves).max()
@@ -388,7 +363,7 @@ class LBBSPPolicy(Policy):
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.period, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.period)
-        return self._regret >= setup + debt and saving * horizon >= setup + debt
+        return self._regret >= setup and saving * horizon >= setup
 
     def setup_cost(self, target):
         """Seconds the batch shapes of `target` that some worker has not run cost to set up (in parallel)."""
@@ -402,14 +377,13 @@ class LBBSPPolicy(Policy):
     def state(self):
         return dict(super().state(), model=self.model.state(), tail=(self._tail_score, self._use_tail),
                     proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
-                    proposal=self._proposal, account=self._account)
+                    proposal=self._proposal)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
         (self._tail_score, self._use_tail), self._regret = state["tail"], state["regret"]
         self._proposals, self._proposal = dict(state["proposals"]), state["proposal"]
-        self._account = float(state["account"])
 
     def rejoin(self, state, index, global_batch):
         super().rejoin(dict(state, model=remap(state["model"], index, StepTimeModel.PER_WORKER)), index,

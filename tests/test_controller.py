@@ -160,37 +160,6 @@ def test_a_new_shape_is_set_up_only_when_the_saving_pays_for_it():
     assert 1 <= shapes <= 4 and splits[-1][0] > splits[-1][1], (shapes, splits[-1])
 
 
-def test_a_move_that_did_not_pay_leaves_a_debt_that_the_next_move_must_pay_too():
-    # Two GPUs, every new batch shape 3 s to set up. Worker 1 is slowed 4x for 70 steps: long enough for lbbsp
-    # to buy new shapes, too short to earn them back. Then worker 0 is slowed the same way for 52 steps:
-    # without the debt the same reasoning buys shapes again; with it the move must also pay the first one's
-    # loss, and the split stays equal.
-    def run(policy):
-        known = [set([128]), set([128])]
-
-        def times(t, batches):
-            speed = np.array([1250.0 if 260 <= t < 312 else 5000.0, 1250.0 if 20 <= t < 90 else 5000.0])
-            out = (25.0 + batches) / speed
-            for w, b in enumerate(batches.tolist()):
-                if b not in known[w]:
-                    known[w].add(b)
-                    out[w] += 3.0
-            return out
-
-        splits, _ = _run(policy, times, 330, gpu=True)
-        return [s.tolist() for s in splits], policy
-
-    class NoAccount(LBBSPPolicy):
-        def _score_against_equal(self, stats):
-            pass
-
-    splits, policy = run(LBBSPPolicy())
-    assert any(s[1] < 128 for s in splits[20:100]), "the first slow-down was worth a move"
-    assert policy._account < 0 and all(s == [128, 128] for s in splits[260:]), policy._account
-    splits, _ = run(NoAccount())
-    assert any(s[0] < 128 for s in splits[260:]), "without the account the second move is made"
-
-
 def test_homogeneous_floor_bound_gpus_keep_the_equal_split_and_set_up_nothing():
     # Eight GPUs at 32 samples each, on a 15 ms floor that scatters by +-10% from step to step.
     rng = np.random.default_rng(1)
