@@ -35,7 +35,11 @@ controller and forecaster code of the Keras callback, the batch grid of 8).
 Printed per cell: each policy's total time for the run (set-ups included),
 the set-ups it caused and their seconds, as a fraction of equal batches' and
 of the mean oracle's time; the mean oracle knows every worker's state and
-curve at the coming step (not the draw, not the set-up costs).
+curve at the coming step (not the draw, not the set-up costs). Simulated
+decisions take no time, so every policy decides at every step; with
+`--decision-ms` every rank reports that CPU time per decision, and the
+controller's decision budget holds each split for several steps, as on a
+real cluster (for every policy: run it with lbbsp and equal).
 """
 import argparse
 import sys
@@ -175,15 +179,18 @@ class GPUCluster:
         return self._best[global_batch]
 
 
-def run_cell(n, kind, per_gpu, steps, steps_per_epoch, seed=0, policies=POLICIES, profile=None, warm=False):
+def run_cell(n, kind, per_gpu, steps, steps_per_epoch, seed=0, policies=POLICIES, profile=None, warm=False,
+             decision_seconds=0.0):
     """{policy: (total seconds, set-ups, set-up seconds)} of one cell, every policy on the same draws; `warm`:
-    every grid shape set up before the run, for every policy (lbbsp is told through warm_shapes)."""
+    every grid shape set up before the run, for every policy (lbbsp is told through warm_shapes);
+    `decision_seconds`: the CPU time every rank reports for a decision (lbbsp.controller's decision period)."""
     global_batch = per_gpu * n
     cluster = GPUCluster(n, steps, kind, global_batch, seed=seed, profile=profile)
     out = {}
     for name in policies:
         cluster.reset_shapes(global_batch, warm)
-        run = simulate(cluster, *POLICY_VARIANTS[name], global_batch, steps_per_epoch=steps_per_epoch)
+        run = simulate(cluster, *POLICY_VARIANTS[name], global_batch, steps_per_epoch=steps_per_epoch,
+                       decision_seconds=decision_seconds)
         out[name] = (float(run["step_time"].sum()), cluster.setups, cluster.setup_seconds)
     return out
 
@@ -199,14 +206,18 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm", action="store_true", help="every grid shape up to twice the equal share set up "
                                                             "before the run (warm_shapes)")
+    parser.add_argument("--decision-ms", type=float, default=0.0,
+                        help="CPU milliseconds every rank reports for a decision (default 0: a decision at every "
+                             "step; more lets the decision budget hold splits, as on a real cluster)")
     args = parser.parse_args(argv)
     sizes, batches = args.workers, args.batches
     kinds, names = args.kinds.split(","), args.policies.split(",")
     bad = [k for k in kinds if k not in KINDS] + [p for p in names if p not in POLICIES and p not in ABLATIONS]
     if bad or min(sizes) < 1 or min(batches) < 8 or any(b % 8 for b in batches) or args.steps < 20 or \
-            not 1 <= args.steps_per_epoch:
+            not 1 <= args.steps_per_epoch or not 0 <= args.decision_ms < np.inf:
         parser.error(f"unknown kinds or policies {bad}; sizes {sizes} (>= 1), batches {batches} (multiples of 8), "
-                     f"steps {args.steps} (>= 20), steps per epoch {args.steps_per_epoch} (>= 1)")
+                     f"steps {args.steps} (>= 20), steps per epoch {args.steps_per_epoch} (>= 1), decision ms "
+                     f"{args.decision_ms} (>= 0)")
     profile = GPUProfile()
     print(f"{'GPUs':>5} {'kind':<12} {'b/GPU':>5} {'policy':<12} {'time s':>8} {'of equal':>9} {'of oracle':>10} "
           f"{'set-ups':>8} {'set-up s':>9}")
@@ -214,7 +225,7 @@ def main(argv=None):
         for kind in kinds:
             for per_gpu in batches:
                 cell = run_cell(n, kind, per_gpu, args.steps, args.steps_per_epoch, args.seed, names, profile,
-                                args.warm)
+                                args.warm, args.decision_ms / 1e3)
                 equal, oracle = cell.get("equal", (np.nan,))[0], cell.get("mean-oracle", (np.nan,))[0]
                 for name, (total, setups, seconds) in cell.items():
                     print(f"{n:>5} {kind:<12} {per_gpu:>5} {name:<12} {total:>8.2f} {total / equal:>9.3f} "

@@ -85,7 +85,7 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
         plan, stats = controller.decide(int(epoch[i]), int(step[i]), gathered, ran)
         decided = np.asarray(plan.sizes)
         record = {"epoch": int(epoch[i]), "step": int(step[i]), "ran": ran.tolist(), "decided": decided.tolist(),
-                  "period": stats.period}
+                  "period": controller.next_decision - stats.step if stats.elapsed else 0}
         if i + ahead < len(epoch):
             checked += 1
             record["match"] = bool(np.array_equal(run["batch_size"][i + ahead].astype(np.int64), decided))

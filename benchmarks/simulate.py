@@ -245,14 +245,17 @@ def _policy(name, cluster, lag):
     return name
 
 
-def drive(policy, predictor, schedule, bounds, steps, measure, features=None, plan_ahead=1, gpu=False, warm_shapes=()):
+def drive(policy, predictor, schedule, bounds, steps, measure, features=None, plan_ahead=1, gpu=False, warm_shapes=(),
+          decision_seconds=0.0):
     """The callback's decision loop, offline: per step, yields (batches run, compute seconds, decision seconds).
 
     `measure(t, batches)` gives every worker's compute time at global step t; `features[t, w]` the telemetry
     worker w's forecaster reads. As in the callback, the timings of step t decide the split of step
     t + 1 + plan_ahead, and each worker forecasts from its own step just measured, with the fixed cost its
     plan carries. `gpu`: the workers train on GPUs; `warm_shapes`: batch sizes set up before training
-    (lbbsp.policies.Policy.prepare).
+    (lbbsp.policies.Policy.prepare); `decision_seconds`: the CPU time every rank reports for a decision (0: none,
+    a decision at every step; more puts the controller's decision period to work, which a measured time on the
+    simulator's own clock would make unrepeatable).
     """
     n = bounds.num_workers
     controller = BalanceController(policy, warmup_steps=0, plan_ahead=plan_ahead)
@@ -260,7 +263,7 @@ def drive(policy, predictor, schedule, bounds, steps, measure, features=None, pl
     # budget=None: the simulator's clock is not a simulated worker's, and its runs must repeat exactly.
     forecasters = [Forecaster(predictor, budget=None) for _ in range(n)] if controller.uses_forecast else None
     gathered = exchange.empty(n)
-    gathered[:, exchange.FIELDS.index("decision")] = 0.0  # simulated decisions take no time: a split every step
+    gathered[:, exchange.FIELDS.index("decision")] = decision_seconds
     column = {name: exchange.FIELDS.index(name) for name in ("forecast", "compute", "split")}
     for t in range(steps):
         epoch, step = divmod(t, len(schedule))
@@ -277,12 +280,13 @@ def drive(policy, predictor, schedule, bounds, steps, measure, features=None, pl
         yield plan.sizes, compute, seconds
 
 
-def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1):
+def simulate(cluster, policy, predictor, global_batch, steps_per_epoch=20, plan_ahead=1, decision_seconds=0.0):
     """Run `policy` on the cluster; returns per-step arrays (eta, step time, decision seconds)."""
     best = cluster.best_steps(global_batch)
     bounds = Bounds.of(cluster.num_workers, global_batch, multiple=cluster.multiple)
     runs = drive(_policy(policy, cluster, 1 + plan_ahead), predictor, np.full(steps_per_epoch, global_batch), bounds,
-                 cluster.steps, cluster.compute_times, cluster.features, plan_ahead, cluster.gpu, cluster.warm_shapes)
+                 cluster.steps, cluster.compute_times, cluster.features, plan_ahead, cluster.gpu, cluster.warm_shapes,
+                 decision_seconds)
     eta, step_time, decide = zip(*((best[t] / compute.max(), compute.max() + cluster.comm, seconds)
                                    for t, (_, compute, seconds) in enumerate(runs)))
     return {"eta": np.array(eta), "step_time": np.array(step_time), "decide": np.array(decide)}

@@ -101,7 +101,7 @@ class BalanceController:
         epoch, step = schedule.after(epoch, step, 0)
         self.policy.start(int(schedule.of(epoch)[step]), bounds)
         self.policy.prepare(warm_shapes, gpu)
-        self.steps_seen, self.next_decision, self.cost, self._period = 0, 0, 0.0, 1
+        self.steps_seen, self.decided_at, self.next_decision, self.cost, self._period = 0, None, 0, 0.0, 1
         return self.initial_plans(epoch, step)
 
     def _plan(self, key, sizes):
@@ -116,7 +116,7 @@ class BalanceController:
 
     def decide(self, epoch, step, gathered, sizes):
         """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with
-        `sizes`; and the StepStats of the measured step (`period` 0 where no decision was made: warm-up, or a
+        `sizes`; and the StepStats of the measured step (`elapsed` 0 where no decision was made: warm-up, or a
         step between decisions)."""
         started = time.thread_time()
         row = unpack(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
@@ -126,14 +126,14 @@ class BalanceController:
         self.steps_seen += 1
         stats = StepStats(step=index, batches=np.asarray(sizes, dtype=np.int64).copy(), compute=row.compute,
                           forecast=row.forecast, target=self.schedule.index(*key),
-                          horizon=self.schedule.steps_in(key[0]) - key[1], period=0)
+                          horizon=self.schedule.steps_in(key[0]) - key[1], elapsed=0)
         # Between decisions a step that surprises the policy (a speed change) is decided on at once.
         decides = self.steps_seen > self.warmup_steps and (index >= self.next_decision or
                                                            self._guarded(self.policy.surprised, stats,
                                                                          fallback=False))
         if decides:
-            stats = dataclasses.replace(stats, period=self.period(row.decision, row.compute))
-            self.next_decision = index + stats.period
+            stats = dataclasses.replace(stats, elapsed=1 if self.decided_at is None else index - self.decided_at)
+            self.decided_at, self.next_decision = index, index + self.period(row.decision, row.compute)
             decided = self._guarded(self.policy.after_step, stats, next_global)
         else:
             # The first steps trace the train function (twice in Keras 2.15): their timings say nothing. Between
@@ -178,8 +178,8 @@ class BalanceController:
 
     def state(self):
         """The decision state, identical on every rank; for checkpoints."""
-        return {"policy": self.policy.name, "steps_seen": self.steps_seen, "next_decision": self.next_decision,
-                "state": self.policy.state()}
+        return {"policy": self.policy.name, "steps_seen": self.steps_seen, "decided_at": self.decided_at,
+                "next_decision": self.next_decision, "state": self.policy.state()}
 
     def _check(self, state):
         if state.get("policy") != self.policy.name:
@@ -190,7 +190,11 @@ class BalanceController:
         """Continue from `state()`; a state of another policy or size raises ValueError."""
         self._check(state)
         self.policy.load_state(state["state"])
+        self._continue(state)
+
+    def _continue(self, state):
         self.steps_seen, self.next_decision = int(state["steps_seen"]), int(state.get("next_decision", 0))
+        self.decided_at = state.get("decided_at")
 
     def rejoin(self, state, old_workers, new_workers):
         """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`; call after
@@ -199,7 +203,7 @@ class BalanceController:
         self._check(state)
         index = worker_index(old_workers, new_workers)
         self.policy.rejoin(state["state"], index, int(self.policy.batches.sum()))
-        self.steps_seen, self.next_decision = int(state["steps_seen"]), int(state.get("next_decision", 0))
+        self._continue(state)
         return index
 
     @property

@@ -23,9 +23,9 @@ class StepStats:
     """What every worker measured in one step, gathered from all ranks (arrays of length N).
 
     `step` counts steps from the start of training; `target` is the step whose split is being decided;
-    `horizon` the steps from it to the end of its epoch (None: not known); `period` the steps that split holds
-    before the next decision (lbbsp.controller), of which the measured step stands for as many (0: no decision
-    is made from this step).
+    `horizon` the steps from it to the end of its epoch (None: not known); `elapsed` the steps since the previous
+    decision, which the measured step stands for (1 where every step is decided, more between the decisions of
+    lbbsp.controller's period; 0: no decision is made from this step).
     """
 
     step: int
@@ -34,7 +34,7 @@ class StepStats:
     forecast: np.ndarray
     target: int = 0
     horizon: int = None
-    period: int = 1
+    elapsed: int = 1
 
     @property
     def speed(self):
@@ -345,7 +345,7 @@ class LBBSPPolicy(Policy):
         """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
         shapes (one worker's cost: done in parallel), twice: from the saving forgone while the move stayed worth
         making (ski rental) and from the saving over the horizon (capped by how long the slowest worker's speed is
-        expected to hold); each decision stands for `stats.period` steps."""
+        expected to hold); the measured step stands for the `stats.elapsed` steps since the previous decision."""
         times = step_times(self.batches, *self._curves)
         now = times.max()
         saving = now - step_times(target, *self._curves).max()
@@ -360,9 +360,9 @@ class LBBSPPolicy(Policy):
         saving = now - step_times(target, *self._mean).max()
         # The move stays worth making while the previous step's proposal would still save half as much.
         same = self._proposal is not None and now - step_times(self._proposal, *self._mean).max() >= saving / 2
-        self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.period, target
+        self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
-                      self.model.persistence[int(np.argmax(times))] * stats.period)
+                      self.model.persistence[int(np.argmax(times))] * stats.elapsed)
         return self._regret >= setup and saving * horizon >= setup
 
     def setup_cost(self, target):
