@@ -51,9 +51,9 @@ def load_run(run_dir):
             ranks.append(list(csv.DictReader(fh)))
     steps = min(len(rows) for rows in ranks)
     columns = ("epoch", "step", "global_batch", "batch_size", "forecast", "compute", "decision")
-    # Runs of lbbsp before 0.4 reported no decision time (they decided at every step).
-    return {name: np.array([[float(rows[i].get(name, 0.0)) for rows in ranks] for i in range(steps)])
-            for name in columns}
+    # Only the decision time may be missing: earlier runs reported none (they decided at every step).
+    return {name: np.array([[float(rows[i][name] if name != "decision" else rows[i].get(name, 0.0)) for rows in ranks]
+                            for i in range(steps)]) for name in columns}
 
 
 def replay(run_dir, variant="lbbsp-narx", gpu=False):

@@ -271,8 +271,9 @@ def drive(policy, predictor, schedule, bounds, steps, measure, features=None, pl
         compute = measure(t, plan.sizes)
         gathered[:, column["compute"]], gathered[:, column["split"]] = compute, plan.digest
         if forecasters is not None:
-            gathered[:, column["forecast"]] = [f.update(plan.sizes[w], compute[w], plan.offsets[w],
-                                       None if features is None else features[t, w]) for w, f in enumerate(forecasters)]
+            gathered[:, column["forecast"]] = [
+                f.update(plan.sizes[w], compute[w], plan.offsets[w], None if features is None else features[t, w])
+                for w, f in enumerate(forecasters)]
         start = time.perf_counter()
         decided, _ = controller.decide(epoch, step, gathered, plan.sizes)
         seconds = time.perf_counter() - start

@@ -268,7 +268,7 @@ class LBBSPPolicy(Policy):
 
     def start(self, global_batch, bounds):
         self.model.start(bounds.num_workers)
-        self._curves, self._mean, self._regret, self._proposal = None, None, 0.0, None
+        self._curves, self._regret, self._proposal = None, 0.0, None
         self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
         self._proposals, self._tail_score, self._use_tail = {}, 0.0, False
         return super().start(global_batch, bounds)
@@ -335,31 +335,34 @@ class LBBSPPolicy(Policy):
 
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
-        self._mean = self.curves(stats.forecast, stats.batches, stats.compute)
-        target, self._curves = self._choose(stats, self._mean)
-        if self._pays(target, stats):
+        mean = self.curves(stats.forecast, stats.batches, stats.compute)
+        target, self._curves = self._choose(stats, mean)
+        if self._pays(target, mean, stats):
             self.batches, self._regret, self._proposal = target, 0.0, None
         return self.resize(next_global_batch)
 
-    def _pays(self, target, stats):
+    def _saving(self, split_, curves):
+        """Each worker's time in the current split and the seconds `split_` saves on the slowest, at `curves`."""
+        times = step_times(self.batches, *curves)
+        return times, times.max() - step_times(split_, *curves).max()
+
+    def _pays(self, target, mean, stats):
         """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
         shapes (one worker's cost: done in parallel), twice: from the saving forgone while the move stayed worth
         making (ski rental) and from the saving over the horizon (capped by how long the slowest worker's speed is
-        expected to hold); the measured step stands for the `stats.elapsed` steps since the previous decision."""
-        times = step_times(self.batches, *self._curves)
+        expected to hold); the measured step stands for the `stats.elapsed` steps since the previous decision.
+        `mean`: the curves at the planned speeds, which pay for set-ups whichever split is taken."""
+        times, saving = self._saving(target, self._curves)
         now = times.max()
-        saving = now - step_times(target, *self._curves).max()
         setup = self.setup_cost(target)
         if not saving > self.min_gain * now or setup == 0:
             self._regret, self._proposal = 0.0, None
             return saving > self.min_gain * now
         # Set-ups are paid from the saving expected at the planned speeds: the tail split's margin against noisy
         # workers says where to split, not how much a move saves.
-        times = step_times(self.batches, *self._mean)
-        now = times.max()
-        saving = now - step_times(target, *self._mean).max()
+        times, saving = self._saving(target, mean)
         # The move stays worth making while the previous step's proposal would still save half as much.
-        same = self._proposal is not None and now - step_times(self._proposal, *self._mean).max() >= saving / 2
+        same = self._proposal is not None and self._saving(self._proposal, mean)[1] >= saving / 2
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.elapsed)
