@@ -1,30 +1,35 @@
-"""The simulator's GPU profile: clusters of ResNet-50 workers whose steps are those measured on an NVIDIA H200.
+"""The simulator's GPU profile: clusters of ResNet-50 workers whose steps are those measured on an NVIDIA H200
+(or, with --card h100, an H100).
 
     python -m benchmarks.gpusim                       # 8, 64, 256 and 1024 GPUs; every kind; 32, 128, 256 per GPU
     python -m benchmarks.gpusim --workers 8 --kinds classes --batches 32
+    python -m benchmarks.gpusim --card h100 --workers 8,64
 
 Worker i's step at batch b, while a co-located job on its GPU runs at duty d
 (0: alone), takes
 
     t = max(f_d e_floor, (c + s_d b) / class_i e_line)  (+ the set-up of b, the first time i runs b)
 
-from predictor/data/traces/gpu_resnet50_vb (ResNet-50, bf16, the batch drawn
-per step from 32..256 while a co-located job came and went):
+from the card's trace, predictor/data/traces/gpu_resnet50_vb (H200) or
+gpu_resnet50_vb_h100 (ResNet-50, bf16, the batch drawn per step from 32..256
+while a co-located job came and went), and the card's constants (CARDS):
 
 - the line: c is the intercept fitted alone on the steps at b >= 96, s_d the
-  median slope (t - c) / b of those steps in state d (0.19 ms per sample
-  alone, up to 0.43 at d = 1: contention scales the line);
-- the floor: f_0 the median step at b = 32 alone (14.7 ms, where the line gives
-  11.3: kernel launches bound the step), f_d = f_0 (1 + 0.45 d) (21.3 ms under a
-  full-time co-tenant in benchmarks/data/gpu_curves.csv);
+  median slope (t - c) / b of those steps in state d (H200: 0.19 ms per sample
+  alone, up to 0.45 at d = 1; H100: 0.21 to 0.50: contention scales the line);
+- the floor: f_0 the median step at b = 32 alone (H200: 14.7 ms, where the
+  line gives 11.3: kernel launches bound the step; H100: 23.2 ms), f_d =
+  f_0 (1 + r d), r the rise of the step at batch 8 under a full-time co-tenant
+  in benchmarks/data/gpu_curves*.csv (0.45 on the H200, 0.16 on the H100);
 - noise: the trace's own log deviations from that curve in the same state,
   resampled in blocks of 8 consecutive ones, from its floor-bound steps
-  (b <= 48) for e_floor and the others for e_line: +-0.5% on the line alone,
-  +-10% on the floor, +-20-25% under part-time co-tenants;
+  (b <= 48) for e_floor and the others for e_line (H200: +-0.5% on the line
+  alone, +-10% on the floor, +-20-25% under part-time co-tenants; the H100's
+  line alone has stray steps up to 2x, docs/gpu.md);
 - set-up: a batch size a worker has not run costs it the first step's excess
-  of the measured curves, drawn for each worker and shape from 3.0-5.5 s
-  (gpu_curves.csv, cuDNN autotuning); the equal split's shape is set up before
-  the run, for every policy;
+  of the measured curves, drawn for each worker and shape from the card's range
+  (3.0-5.5 s on the H200, 3.5-6.2 s on the H100: cuDNN autotuning); the equal
+  split's shape is set up before the run, for every policy;
 - kinds: "homogeneous" (one GPU type, alone), "classes" (mixed generations:
   50% / 30% / 20% of the GPUs at 1.0 / 0.6 / 0.4 of the line, the floor
   unchanged) and "cotenants" (one type; each GPU replays the trace's co-tenant
@@ -43,6 +48,7 @@ real cluster (for every policy: run it with lbbsp and equal).
 """
 import argparse
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,21 +60,37 @@ from .cli import integers
 from .oracle import best_split
 from .simulate import POLICY_VARIANTS, simulate
 
-__all__ = ["GPUProfile", "GPUCluster", "run_cell", "main", "KINDS"]
+__all__ = ["GPUCard", "GPUProfile", "GPUCluster", "run_cell", "main", "KINDS", "CARDS"]
 
 KINDS = ("homogeneous", "classes", "cotenants")
 CLASSES, CLASS_SHARES = (1.0, 0.6, 0.4), (0.5, 0.3, 0.2)
-FLOOR_RISE = 0.45  # the floor at duty d is f_0 (1 + FLOOR_RISE d)
-SETUP_RANGE = (3.0, 5.5)  # seconds of a new batch shape's first step (gpu_curves.csv, ResNet-50)
+
+
+class GPUCard(NamedTuple):
+    """A measured card: its ResNet-50 trace, and two constants read off its curves (benchmarks/data/gpu_curves*.csv):
+    the rise of the floor under a full-time co-tenant (the floor at duty d is f_0 (1 + floor_rise d)) and the range
+    of a new batch shape's first-step excess in seconds."""
+
+    trace: str
+    floor_rise: float
+    setup_range: tuple
+
+
+CARDS = {"h200": GPUCard("gpu_resnet50_vb", 0.45, (3.0, 5.5)),
+         "h100": GPUCard("gpu_resnet50_vb_h100", 0.16, (3.5, 6.2))}
 NOISE_BLOCK = 8
 POLICIES = ("equal", "pid", "lbbsp-last", "lbbsp-narx", "mean-oracle")
 
 
 class GPUProfile:
-    """The curves, noise pools and co-tenant schedule of the measured ResNet-50 trace (see the module docstring)."""
+    """The curves, noise pools and co-tenant schedule of a card's measured ResNet-50 trace (see the module
+    docstring)."""
 
-    def __init__(self, path=f"{TRACE_DIR}/gpu_resnet50_vb.csv.gz"):
-        trace = read_trace(path)
+    def __init__(self, card="h200"):
+        if card not in CARDS:
+            raise ValueError(f"card={card!r} is not allowed: use one of {sorted(CARDS)}")
+        self.card = CARDS[card]
+        trace = read_trace(f"{TRACE_DIR}/{self.card.trace}.csv.gz")
         b, t, duty = trace["batch"], trace["step_time"], trace["hog"]
         line = b >= 96
         alone = duty == 0
@@ -87,7 +109,7 @@ class GPUProfile:
         return self.slopes[np.searchsorted(self.duties, duty)]
 
     def floor_at(self, duty):
-        return self.floor * (1.0 + FLOOR_RISE * np.asarray(duty))
+        return self.floor * (1.0 + self.card.floor_rise * np.asarray(duty))
 
     def mean_time(self, batch, duty, speed_class):
         """The curve max(f_d, (c + s_d b) / class) in seconds."""
@@ -144,7 +166,7 @@ class GPUCluster:
         for w, b in enumerate(np.asarray(batches).tolist()):
             if b not in self.known[w]:
                 self.known[w].add(b)
-                cost = self._setup_rng.uniform(*SETUP_RANGE)
+                cost = self._setup_rng.uniform(*self.profile.card.setup_range)
                 times[w] += cost
                 self.setups += 1
                 self.setup_seconds += cost
@@ -204,6 +226,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--steps-per-epoch", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--card", default="h200", choices=sorted(CARDS), help="the measured card (default h200)")
     parser.add_argument("--warm", action="store_true", help="every grid shape up to twice the equal share set up "
                                                             "before the run (warm_shapes)")
     parser.add_argument("--decision-ms", type=float, default=0.0,
@@ -218,7 +241,7 @@ def main(argv=None):
         parser.error(f"unknown kinds or policies {bad}; sizes {sizes} (>= 1), batches {batches} (multiples of 8), "
                      f"steps {args.steps} (>= 20), steps per epoch {args.steps_per_epoch} (>= 1), decision ms "
                      f"{args.decision_ms} (>= 0)")
-    profile = GPUProfile()
+    profile = GPUProfile(args.card)
     print(f"{'GPUs':>5} {'kind':<12} {'b/GPU':>5} {'policy':<12} {'time s':>8} {'of equal':>9} {'of oracle':>10} "
           f"{'set-ups':>8} {'set-up s':>9}")
     for n in sizes:

@@ -361,8 +361,9 @@ class LBBSPPolicy(Policy):
         # Set-ups are paid from the saving expected at the planned speeds: the tail split's margin against noisy
         # workers says where to split, not how much a move saves.
         times, saving = self._saving(target, mean)
-        # The move stays worth making while the previous step's proposal would still save half as much.
-        same = self._proposal is not None and self._saving(self._proposal, mean)[1] >= saving / 2
+        # The move stays worth making while the previous decision's proposal would still save more than min_gain of
+        # the step (a worker's noisy step moves the best split, not the worth of moving).
+        same = self._proposal is not None and self._saving(self._proposal, mean)[1] > self.min_gain * times.max()
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.elapsed)

@@ -447,6 +447,27 @@ def test_gpu_traces_convert_to_the_predictors_format():
     assert (cpu["features"][:, FEATURES.index("gpu_sm_clock")] == 1.0).all(), "a CPU trace's GPU readings: neutral"
 
 
+def test_gpu_traces_know_the_card_from_the_measurements_info(tmp_path):
+    from predictor.gpu_traces import CARDS, card_of, convert
+
+    assert card_of(str(tmp_path)) == "h200", "the first measurements recorded no info.json"
+    (tmp_path / "info.json").write_text('{"gpu": "NVIDIA H100 80GB HBM3"}')
+    assert card_of(str(tmp_path)) == "h100" and CARDS["h100"].suffix == "_h100"
+    source = tmp_path / "trace_resnet50_vb.csv"
+    source.write_text("step,time,batch,step_time,hog,sm_clock,power_w\n" + "".join(
+        f"{i},{i * 0.1},{b},{(5.4 + 0.232 * b) / 1e3},{hog},1980,{350 + 350 * (hog > 0)}\n"
+        for i, (b, hog) in enumerate([(96, 0), (128, 0), (192, 0), (256, 0), (128, 1.0)])))
+    rows, comments = convert(str(source), "h100")
+    assert rows[-1]["gpu_other_mem"] == pytest.approx(1130.0 / 81559.0) and rows[-1]["gpu_power"] == 1.0
+    assert rows[0]["speed"] == pytest.approx((96 + 5.4 / 0.232) / ((5.4 + 0.232 * 96) / 1e3), rel=1e-6)
+    assert "NVIDIA H100" in comments[0]
+    (tmp_path / "info.json").write_text('{"gpu": "Tesla V100"}')
+    with pytest.raises(ValueError, match="gpu='Tesla V100'"):
+        card_of(str(tmp_path))
+    with pytest.raises(ValueError, match="card='v100'"):
+        convert(str(source), "v100")
+
+
 def test_the_gpu_models_read_the_gpu_and_are_picked_by_device():
     cpu, gpu = make_predictor("narx"), make_predictor("narx", device="gpu")
     assert cpu.device == "cpu" and gpu.device == "gpu" and "gpu_procs" in gpu.spec.features
