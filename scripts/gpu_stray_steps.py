@@ -2,7 +2,7 @@
 alone, with NVML read after every step (as ../shared/gpu/trace_gpu.py does), with NVML read every 50 ms on a
 background thread (as lbbsp's reader does), with the batch drawn per step from 128/192/256, and alone again.
 Prints per condition the share of steps over 1.1x / 1.3x their batch's median and the largest; writes every
-step time to $OUT/stray.csv (benchmarks/data/gpu_stray_h100.csv). Needs a CUDA machine with torch, torchvision
+step time to $OUT/stray.csv (benchmarks/data/gpu_stray_h100.csv, gpu_stray_h200.csv). Needs a CUDA machine with torch, torchvision
 and nvidia-ml-py, not lbbsp's environment: OUT=out python scripts/gpu_stray_steps.py (STEPS: steps per case)."""
 import csv, os, threading, time, random
 import torch, torch.nn as nn, torchvision
