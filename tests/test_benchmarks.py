@@ -348,9 +348,9 @@ def test_co_tenant_gpus_whose_decisions_are_held_still_buy_no_shapes():
 
 
 def test_h100_speed_classes_pay_for_their_shapes_among_stray_slow_steps():
-    # 8 H100s of three speed classes at 256 each. The H100's steps include stray slow ones (5-10% of steps
-    # 1.3-3x slow); judging whether a move is still worth making by half the newest best split's saving reset the
-    # forgone saving at each of them, and the split stayed equal (1.000 of equal batches' time).
+    # 8 H100s of three speed classes at 256 each. The H100's steps include stray slow ones (about one in twenty
+    # above the floor 1.1-2.1x slow); judging whether a move is still worth making by half the newest best split's
+    # saving restarted the forgone saving at many of them, and the split stayed equal (1.000 of equal's time).
     from benchmarks.gpusim import GPUProfile, run_cell
 
     cell = run_cell(8, "classes", 256, 1000, 500, policies=("equal", "lbbsp-narx"), profile=GPUProfile("h100"))
