@@ -53,6 +53,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lbbsp.allocation import step_times
+from predictor.gpu_traces import trace_name
 from predictor.traces import TRACE_DIR, read_trace
 
 from .ablation import ABLATIONS
@@ -67,17 +68,15 @@ CLASSES, CLASS_SHARES = (1.0, 0.6, 0.4), (0.5, 0.3, 0.2)
 
 
 class GPUCard(NamedTuple):
-    """A measured card: its ResNet-50 trace, and two constants read off its curves (benchmarks/data/gpu_curves*.csv):
-    the rise of the floor under a full-time co-tenant (the floor at duty d is f_0 (1 + floor_rise d)) and the range
-    of a new batch shape's first-step excess in seconds."""
+    """Two constants of a measured card read off its curves (benchmarks/data/gpu_curves*.csv): the rise of the
+    floor under a full-time co-tenant (the floor at duty d is f_0 (1 + floor_rise d)) and the range of a new batch
+    shape's first-step excess in seconds. Its ResNet-50 trace is predictor.gpu_traces' for the same card."""
 
-    trace: str
     floor_rise: float
     setup_range: tuple
 
 
-CARDS = {"h200": GPUCard("gpu_resnet50_vb", 0.45, (3.0, 5.5)),
-         "h100": GPUCard("gpu_resnet50_vb_h100", 0.16, (3.5, 6.2))}
+CARDS = {"h200": GPUCard(0.45, (3.0, 5.5)), "h100": GPUCard(0.16, (3.5, 6.2))}
 NOISE_BLOCK = 8
 POLICIES = ("equal", "pid", "lbbsp-last", "lbbsp-narx", "mean-oracle")
 
@@ -90,7 +89,7 @@ class GPUProfile:
         if card not in CARDS:
             raise ValueError(f"card={card!r} is not allowed: use one of {sorted(CARDS)}")
         self.card = CARDS[card]
-        trace = read_trace(f"{TRACE_DIR}/{self.card.trace}.csv.gz")
+        trace = read_trace(f"{TRACE_DIR}/{trace_name('gpu_resnet50_vb', card)}.csv.gz")
         b, t, duty = trace["batch"], trace["step_time"], trace["hog"]
         line = b >= 96
         alone = duty == 0

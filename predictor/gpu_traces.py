@@ -40,7 +40,7 @@ from .nvml import POWER_CAP, SLOWDOWN
 from .telemetry import FEATURES, NEUTRAL
 from .traces import TRACE_DIR, write_trace
 
-__all__ = ["fixed_cost", "convert", "card_of", "main", "SOURCES", "CARDS"]
+__all__ = ["fixed_cost", "convert", "card_of", "trace_name", "main", "SOURCES", "CARDS"]
 
 
 class Card(NamedTuple):
@@ -67,6 +67,11 @@ def fixed_cost(batches, times):
     """k in samples from a least-squares line t = c + s b (k = c / s)."""
     slope, intercept = np.polyfit(np.asarray(batches, dtype=np.float64), np.asarray(times, dtype=np.float64), 1)
     return float(intercept / slope)
+
+
+def trace_name(trace, card):
+    """The name under which `trace` (e.g. "gpu_resnet50_vb") measured on `card` (a CARDS key) is shipped."""
+    return trace + CARDS[card].suffix
 
 
 def card_of(source_dir):
@@ -138,11 +143,10 @@ def main(argv=None):
         if not os.path.exists(os.path.join(argv[0], name)):
             continue
         rows, comments = convert(os.path.join(argv[0], name), card)
-        suffix = CARDS[card].suffix
-        parts = {trace + suffix: (0, len(rows))}
+        parts = {trace_name(trace, card): (0, len(rows))}
         if trace == "gpu_nvml":
             cut = int(round(TRAIN_SHARE * len(rows)))
-            parts = {f"{trace}_train{suffix}": (0, cut), f"{trace}_test{suffix}": (cut, len(rows))}
+            parts = {trace_name(f"{trace}_train", card): (0, cut), trace_name(f"{trace}_test", card): (cut, len(rows))}
         for part, (start, stop) in parts.items():
             out = os.path.join(TRACE_DIR, f"{part}.csv.gz")
             write_trace(out, rows[start:stop], comments + [f"steps {start} to {stop} of the measured trace"])
