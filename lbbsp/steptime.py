@@ -4,8 +4,9 @@ With the fixed cost k_i written in samples, the batch-free speed (b + k_i) / t
 depends on the worker, not on the batch the balancer gave it: contention moves
 v_i, the split moves b. v_i is the last measurement above the floor; k_i an
 instrumental-variables fit over consecutive steps (the batch change is the
-instrument), pooled across workers by empirical Bayes; f_i the time of a step
-whose batch fell without its time; a step far off its prediction beyond noise
+instrument), pooled across workers by empirical Bayes; f_i, on GPU workers,
+the time of a step whose batch fell without its time (a kernel-launch floor;
+a CPU step shrinks to its fixed cost); a step far off its prediction beyond noise
 is a speed change; the first step at a new batch shape measures its set-up.
 docs/method.md, section 1, gives the reasons and the figures. Fitted on every
 rank from the gathered (batch, compute time) of every worker, so all ranks
@@ -94,8 +95,10 @@ class StepTimeModel:
         self.start(1)
 
     def start(self, num_workers, gpu=False):
-        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior)."""
+        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior, and
+        floors are learned)."""
         n = int(num_workers)
+        self.gpu = bool(gpu)
         self.prior = self.params.shape_cost if self.params.shape_cost is not None else GPU_SHAPE_COST if gpu else 0.0
         # Discounted sums over consecutive-step pairs: pairs whose batch moved, b^2, z^2, z x, z y, z^2 y^2, z^2 x y,
         # z^2 x^2, and all pairs.
@@ -196,8 +199,10 @@ class StepTimeModel:
         b0, t0 = self.last
         line = (self.offsets + b) / self.speeds
         # The batch fell and the time stayed above the line's prediction beyond noise, without rising: the worker
-        # is on its floor. Only once k is fitted: an unknown fixed cost also makes the time fall less.
-        floored = ok & self.identified & (b < b0) & (np.log(t / line) > threshold) & (np.log(t / t0) < threshold)
+        # is on its floor. Only once k is fitted (an unknown fixed cost also makes the time fall less), and only on
+        # GPUs: a CPU worker's noise would pass for floors.
+        floored = ok & self.gpu & self.identified & (b < b0) & (np.log(t / line) > threshold) & \
+            (np.log(t / t0) < threshold)
         self.floors = np.where(floored, t, np.where(ok & (np.log(t / self.floors) < -threshold), 0.0, self.floors))
         on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
         above = ok & ~on_floor

@@ -12,9 +12,9 @@ from lbbsp.membership import remap
 from lbbsp.steptime import GPU_SHAPE_COST, StepTimeModel, StepTimeParams
 
 
-def model(n, **params):
+def model(n, gpu=False, **params):
     m = StepTimeModel(params or None)
-    m.start(n)
+    m.start(n, gpu)
     return m
 
 
@@ -58,18 +58,26 @@ def test_the_speed_is_the_last_measurement_and_a_change_is_flagged():
 def test_the_floor_is_learned_from_a_batch_that_fell_without_its_time():
     # A GPU whose step is 20 ms for every batch below 75 (its line t = (25 + b) / 5000 s): once k is known
     # from moves above the floor, a quarter of its batch does not take a quarter of the time; the floor is that.
-    m = model(1)
+    m = model(1, gpu=True, shape_cost=0.0)  # set-ups that cost nothing: a first visit is a measurement
     v, k, f = np.array([5000.0]), np.array([25.0]), 0.02
     feed(m, [[128], [160], [96], [128], [192]] + [[128]] * 8, v, k, f)
     assert m.identified[0] and m.offsets[0] == pytest.approx(25.0) and m.floors[0] == 0.0
     measured = m.setup[0, 0]
-    feed(m, [[32]], v, k, f)  # a first visit, counted as a set-up; on a CPU worker it is also a measurement
+    feed(m, [[32]], v, k, f)  # a first visit, counted as a set-up and, costing nothing, a measurement
     assert m.setup[0, 0] == measured + 1
     assert m.floors[0] == pytest.approx(0.02) and not m.changed[0]
     assert m.speeds[0] == pytest.approx(5000.0), "a step on the floor says nothing of the speed"
     assert m.predict([16])[0] == pytest.approx(0.02) and m.predict([160])[0] == pytest.approx(185 / 5000)
     feed(m, [[32]], np.array([5000.0]), k, 0.007)  # the floor fell (a co-tenant left): cleared
     assert m.floors[0] == 0.0
+
+
+def test_a_cpu_worker_learns_no_floor():
+    # The same steps on a CPU worker: its time falling less than its batch is noise or contention, not a floor.
+    m = model(1, shape_cost=0.0)
+    v, k = np.array([5000.0]), np.array([25.0])
+    feed(m, [[128], [160], [96], [128], [192]] + [[128]] * 8 + [[32]], v, k, 0.02)
+    assert m.identified[0] and m.floors[0] == 0.0
 
 
 def test_on_a_gpu_a_first_visit_is_a_set_up_not_a_floor():
@@ -87,7 +95,7 @@ def test_on_a_gpu_a_first_visit_is_a_set_up_not_a_floor():
 
 def test_an_unknown_fixed_cost_is_not_taken_for_a_floor():
     # With k not yet fitted, a step's time falls less than its batch whether there is a fixed cost or a floor.
-    m = model(1)
+    m = model(1, gpu=True, shape_cost=0.0)
     feed(m, [[64]] * 3 + [[32]], np.array([1000.0]), np.array([30.0]))
     assert not m.identified[0] and m.floors[0] == 0.0
 
