@@ -26,6 +26,9 @@ while a co-located job came and went), and the card's constants (CARDS):
   (b <= 48) for e_floor and the others for e_line (H200: +-0.5% on the line
   alone, +-10% on the floor, +-20-25% under part-time co-tenants; the H100's
   line alone has stray steps up to 2x, docs/gpu.md);
+- readings: each worker's telemetry (what the GPU NARX reads) is the trace's
+  NVML readings of the step it replays; without co-tenants, of the trace's
+  steps alone, so no reading lists a co-tenant that is not there;
 - set-up: a batch size a worker has not run costs it the first step's excess
   of the measured curves, drawn for each worker and shape from the card's range
   (3.0-5.5 s on the H200, 3.5-6.2 s on the H100: cuDNN autotuning); the equal
@@ -133,7 +136,9 @@ class GPUCluster:
         start = rng.integers(p.schedule.size, size=n)
         index = (start[None, :] + np.arange(length)[:, None]) % p.schedule.size
         self.duty = p.schedule[index] if kind == "cotenants" else np.zeros((length, n))
-        self.features = p.features[index]
+        # The readings of the trace's steps in the same state: without co-tenants, those of its steps alone.
+        alone = np.flatnonzero(p.schedule == 0)
+        self.features = p.features[index if kind == "cotenants" else alone[index % alone.size]]
         self.noise = {on_floor: self._draw(rng, on_floor) for on_floor in (True, False)}
         self.seed = seed
         self.reset_shapes(global_batch)

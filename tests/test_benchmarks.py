@@ -310,6 +310,9 @@ def test_gpu_profile_is_the_measured_curve_with_set_ups_for_new_shapes():
     assert 0.020 < h100.floor < 0.026 and 0.19e-3 < h100.slopes[0] < 0.23e-3 < h100.slopes[-1]
     with pytest.raises(ValueError, match="card='a100'"):
         GPUProfile("a100")
+    from benchmarks.gpusim import CARDS
+    from predictor import gpu_traces
+    assert set(CARDS) == set(gpu_traces.CARDS), "every card whose traces ship has the simulator's constants"
 
 
 def test_gpu_simulation_keeps_floor_bound_gpus_equal_and_balances_generations(capsys):
