@@ -18,6 +18,11 @@ gpu_slowdown      1 while a hardware, thermal or power-brake slowdown holds   0
 gpu_mem_used      memory used (all processes) / total memory                  0
 ================  ==========================================================  ========
 
+In a container NVML lists processes by their host PIDs, which this process
+cannot match to its own; when none of them is its own, the one using the
+most GPU memory is taken for it (a training job is usually its GPU's
+largest user), so a worker alone on its GPU still reads no co-tenant.
+
 The reader is optional: without the library, without a GPU, or when NVML
 raises, every reading is neutral and one line is logged, never an error. It
 reads on a thread of its own every `period` seconds and hands each reading
@@ -51,6 +56,11 @@ def device_for(local_rank, visible=None):
         return int(local_rank)
     entry = entries[0] if len(entries) == 1 else entries[int(local_rank) % len(entries)]
     return int(entry) if entry.isdigit() else entry
+
+
+def _memory(process):
+    """A listed process's GPU memory in bytes (NVML may not report it: 0)."""
+    return float(getattr(process, "usedGpuMemory", 0) or 0)
 
 
 def _load():
@@ -90,9 +100,13 @@ class NVMLReader:
     def read(self):
         """One round of NVML queries: the GPU_FEATURES as a tuple (raises what NVML raises)."""
         nvml, handle = self._nvml, self._handle
-        me = os.getpid()
-        others = [p for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid != me]
-        other_mem = sum(float(getattr(p, "usedGpuMemory", 0) or 0) for p in others)
+        procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        others = [p for p in procs if p.pid != os.getpid()]
+        if others and len(others) == len(procs):
+            # In a container NVML lists host PIDs (the driver does not translate PID namespaces), so this
+            # process is listed under a PID it cannot know: the one using the most memory is taken for it.
+            others.remove(max(others, key=_memory))
+        other_mem = sum(map(_memory, others))
         reasons = int(self._reasons(handle))
         return (float(min(len(others), MAX_PROCS)), other_mem / self._total,
                 nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM) / self._max_clock,

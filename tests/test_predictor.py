@@ -394,6 +394,24 @@ def test_nvml_readings_follow_a_co_tenant_and_the_clocks():
     reader.close()
 
 
+def test_in_a_container_the_gpus_largest_user_is_taken_for_this_process():
+    # NVML lists host PIDs, none of them this process's own PID inside its container.
+    from types import SimpleNamespace
+
+    from predictor.nvml import GPU_FEATURES, NVMLReader
+
+    fake = FakeNVML()
+    reader = NVMLReader(0, nvml=fake)
+    fake.procs = [SimpleNamespace(pid=4242424, usedGpuMemory=30 * 2**30)]
+    assert dict(zip(GPU_FEATURES, reader.read()))["gpu_procs"] == 0.0, "alone on its GPU"
+    fake.procs.append(SimpleNamespace(pid=4242425, usedGpuMemory=10 * 2**30))
+    values = dict(zip(GPU_FEATURES, reader.read()))
+    assert values["gpu_procs"] == 1.0 and values["gpu_other_mem"] == pytest.approx(0.1)
+    fake.procs.append(SimpleNamespace(pid=4242426, usedGpuMemory=None))  # memory not reported
+    values = dict(zip(GPU_FEATURES, reader.read()))
+    assert values["gpu_procs"] == 2.0 and values["gpu_other_mem"] == pytest.approx(0.1)
+
+
 def test_no_nvml_or_a_failing_one_gives_neutral_readings_and_one_log_line(caplog):
     from predictor.nvml import GPU_NEUTRAL, NVMLReader
 
