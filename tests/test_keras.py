@@ -106,6 +106,14 @@ def test_steps_per_execution_must_be_one():
         fit(model, feed, lb.LoadBalancer(feed))
 
 
+def test_jit_compile_is_refused_with_what_to_do_instead():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse", jit_compile=True)
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    with pytest.raises(ValueError, match="jit_compile=True is not allowed.*tf_xla_auto_jit=2"):
+        fit(model, feed, lb.LoadBalancer(feed))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"keep_steps": -1}, "keep_steps=-1"),
     ({"policy": "fastest"}, "policy='fastest'"),

@@ -133,6 +133,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if spe is not None and int(spe.numpy()) != 1:
             raise ValueError(f"steps_per_execution={int(spe.numpy())} is not allowed with LoadBalancer: it must "
                              "be 1, since batch sizes change between steps")
+        if getattr(model, "jit_compile", False) is True:
+            raise ValueError("jit_compile=True is not allowed with LoadBalancer: each step hands its timings to Python "
+                             "(tf.numpy_function), which XLA cannot compile. Compile with jit_compile=False; XLA's "
+                             "auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=2) still compiles the rest of the step")
         if steps is not None and steps != self.feed.steps_per_epoch:
             raise ValueError(f"steps_per_epoch={steps} is not allowed: pass steps_per_epoch=feed.steps_per_epoch "
                              f"({self.feed.steps_per_epoch}) to fit()")
