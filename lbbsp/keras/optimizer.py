@@ -204,12 +204,18 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     return wrapped
 
 
+def _unwrapped(optimizer):
+    """The optimizer inside a mixed-precision LossScaleOptimizer (which Keras puts around the compiled
+    optimizer under the "mixed_float16" policy), else `optimizer`."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def is_balanced_optimizer(optimizer):
-    """True for an optimizer returned by `DistributedOptimizer`."""
-    return isinstance(getattr(optimizer, "_lbbsp_state", None), BalanceState)
+    """True for an optimizer returned by `DistributedOptimizer`, also inside a LossScaleOptimizer."""
+    return isinstance(getattr(_unwrapped(optimizer), "_lbbsp_state", None), BalanceState)
 
 
 def balance_state(optimizer):
-    """The BalanceState through which the callback and an optimizer returned by `DistributedOptimizer` share
-    each step's batch sizes and exchanged row (None for any other optimizer)."""
-    return getattr(optimizer, "_lbbsp_state", None) if is_balanced_optimizer(optimizer) else None
+    """The BalanceState through which the callback and an optimizer returned by `DistributedOptimizer` (also
+    inside a LossScaleOptimizer) share each step's batch sizes and exchanged row (None for any other)."""
+    return _unwrapped(optimizer)._lbbsp_state if is_balanced_optimizer(optimizer) else None

@@ -1,6 +1,8 @@
 """Run under horovodrun: with forced unequal batches, lbbsp's weights equal single-process SGD on the same global batches.
 
-Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13)
+Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13) [PRECISION_POLICY]
+
+With a precision policy ("mixed_float16"), Keras wraps both models' optimizers in a LossScaleOptimizer.
 """
 import json
 import sys
@@ -14,6 +16,8 @@ import lbbsp.keras as lb  # noqa: E402
 from lbbsp.policies import FixedPolicy  # noqa: E402
 
 out_path, shares = sys.argv[1], [float(s) for s in sys.argv[2].split(",")]
+if len(sys.argv) > 3:
+    tf.keras.mixed_precision.set_global_policy(sys.argv[3])
 N, B, EPOCHS, LR = 50, 16, 2, 0.05
 rng = np.random.default_rng(0)
 x = rng.normal(size=(N + 30, 5)).astype(np.float32)
@@ -28,7 +32,7 @@ val_shard = (x_val[bounds[hvd.rank()]:bounds[hvd.rank() + 1]], y_val[bounds[hvd.
 def build():
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(5,)),
-                                 tf.keras.layers.Dense(1)])
+                                 tf.keras.layers.Dense(1), tf.keras.layers.Activation("linear", dtype="float32")])
     return model
 
 
@@ -67,6 +71,7 @@ if hvd.rank() == 0:
         "lbbsp_val_mae": hist.history["val_mae"][-1], "ref_val_mae": ref_val["mae"],
         "lbbsp_keys": sorted(hist.history),
         "size": hvd.size(),
+        "optimizer": type(model.optimizer).__name__,
     }
     with open(out_path, "w") as fh:
         json.dump(result, fh)
