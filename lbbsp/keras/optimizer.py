@@ -63,7 +63,7 @@ class BalanceState:
         """Start the busy period of the next step now (after work that is not per-step, e.g. validation)."""
         self.begin = time.time() if now is None else now
 
-    def on_ready(self):
+    def on_ready(self, _marker=None):
         """Graph callback when the local gradients exist: this worker's row in an (N, fields) matrix of zeros.
 
         The compute time is the busy time before this worker can join the allreduce: from the end of
@@ -101,6 +101,21 @@ def _tensor_of(grad):
     return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
+def _computed(tensors):
+    """A scalar that exists only once every tensor in `tensors` has been computed, where they were computed.
+
+    On a GPU an op counts as done once its kernels are queued, not run, so a host callback that merely
+    follows the gradients would read the clock while the GPU is still computing them. This scalar is one
+    element of the smallest gradient, taken by an op queued behind every gradient (the device runs its
+    queue in order); the host callback that reads it waits for its copy, and so for the gradients.
+    """
+    if not tensors:
+        return tf.zeros([])
+    with tf.control_dependencies(tensors):
+        smallest = min(tensors, key=lambda t: t.shape.num_elements() or float("inf"))
+        return tf.reduce_sum(tf.cast(tf.reshape(smallest, [-1])[:1], tf.float32))
+
+
 def _reduce(optimizer, grads):
     """Scale and sum-allreduce the gradients, exchange the stats rows, time both. Runs in the train graph.
 
@@ -114,8 +129,8 @@ def _reduce(optimizer, grads):
     """
     state = optimizer._lbbsp_state
     compression = optimizer._lbbsp_compression
-    with tf.control_dependencies([_tensor_of(g) for g in grads if g is not None]):
-        row = tf.numpy_function(state.on_ready, [], tf.float32, stateful=True, name="lbbsp_ready")
+    local = _computed([_tensor_of(g) for g in grads if g is not None])
+    row = tf.numpy_function(state.on_ready, [local], tf.float32, stateful=True, name="lbbsp_ready")
     rows = tf.reshape(row, [-1, len(exchange.FIELDS)])  # not state.size: a traced graph must survive a resize
     scaled = [None if g is None else _scale(g, state.scale) for g in grads]
     reduced = list(scaled)
