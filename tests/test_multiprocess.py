@@ -35,20 +35,21 @@ def launch(num_proc, argv, timeout=600, expect_failure=False):
     return proc.stdout
 
 
-@pytest.mark.parametrize("num_proc, shares, precision", [(2, "3,13", None), (3, "1,2,5", None),
-                                                       (2, "3,13", "mixed_float16")])
-def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares, precision):
-    # Under "mixed_float16" Keras wraps the optimizer in a LossScaleOptimizer; the forward and backward
-    # passes run in float16, on each rank's part of the batch against the whole batch: equal to float16's
-    # rounding.
+@pytest.mark.parametrize("num_proc, shares, option", [(2, "3,13", None), (3, "1,2,5", None),
+                                                    (2, "3,13", "mixed_float16"), (2, "3,13", "fp16")])
+def test_weights_equal_single_process_sgd(tmp_path, num_proc, shares, option):
+    # Under "mixed_float16" Keras wraps the optimizer in a LossScaleOptimizer and the passes run in float16,
+    # on each rank's part of the batch against the whole batch; "fp16" compresses the gradients in the
+    # allreduce, not the exchanged rows: equal to 16-bit rounding.
     out = tmp_path / "result.json"
-    horovodrun(num_proc, "equivalence.py", out, shares, *([precision] if precision else []))
+    horovodrun(num_proc, "equivalence.py", out, shares, *([option] if option else []))
     r = json.loads(out.read_text())
-    tolerance = 1e-5 if precision is None else 2e-3
+    tolerance = 1e-5 if option is None else 2e-3
     assert r["size"] == num_proc
     assert len(r["batches"]) > 1, "batches were meant to be unequal"
     assert r["max_weight_diff"] < tolerance
-    assert (r["optimizer"] == "LossScaleOptimizerV3") == (precision == "mixed_float16"), r["optimizer"]
+    assert r["digests_ok"], "every rank's row arrives whole (a 16-bit digest would not)"
+    assert (r["optimizer"] == "LossScaleOptimizerV3") == (option == "mixed_float16"), r["optimizer"]
     # Reported loss and metrics are the global sample-weighted values, not per-rank averages.
     np.testing.assert_allclose(r["lbbsp_loss"], r["ref_loss"], rtol=tolerance)
     np.testing.assert_allclose(r["lbbsp_mae"], r["ref_mae"], rtol=tolerance)

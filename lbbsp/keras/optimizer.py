@@ -122,7 +122,8 @@ def _reduce(optimizer, grads):
     The rows of lbbsp.exchange travel in a sum-allreduce too: rank i writes
     its row into row i of an (N, fields) float32 matrix of zeros, so the sum
     holds every rank's row. With `grouped` (the default) the dense gradients and the stats go in
-    one grouped allreduce: one negotiation, one fused collective. Otherwise
+    one grouped allreduce: one negotiation, one fused collective (one per dtype where `compression`
+    or the model makes gradients of another dtype; the rows are never compressed). Otherwise
     each gradient is reduced as soon as it exists, which lets communication
     overlap the rest of the backward pass (worth it for large models on GPUs),
     and the stats follow in their own allreduce.
@@ -136,11 +137,19 @@ def _reduce(optimizer, grads):
     reduced = list(scaled)
     dense = [i for i, g in enumerate(scaled) if g is not None and not isinstance(g, tf.IndexedSlices)]
     if optimizer._lbbsp_grouped:
-        out = hvd.grouped_allreduce([rows] + [scaled[i] for i in dense], op=hvd.Sum, compression=compression,
-                                    name="lbbsp_grads")
-        rows = out[0]
-        for i, g in zip(dense, out[1:]):
-            reduced[i] = g
+        # Only the gradients are compressed: 16 bits hold neither a split's digest nor a fast worker's speed. A
+        # grouped allreduce holds one dtype: the rows (float32) go with the float32 gradients, others apart.
+        packed = {i: compression.compress(scaled[i]) for i in dense}
+        by_dtype = {rows.dtype: []}
+        for i in dense:
+            by_dtype.setdefault(packed[i][0].dtype, []).append(i)
+        for dtype, members in by_dtype.items():
+            tensors = ([rows] if dtype == rows.dtype else []) + [packed[i][0] for i in members]
+            out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}")
+            if dtype == rows.dtype:
+                rows, out = out[0], out[1:]
+            for i, g in zip(members, out):
+                reduced[i] = compression.decompress(g, packed[i][1])
     else:
         rows = hvd.allreduce(rows, op=hvd.Sum, name="lbbsp_stats")
         for i in dense:

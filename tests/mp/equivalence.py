@@ -1,11 +1,15 @@
-"""Run under horovodrun: with forced unequal batches, lbbsp's weights equal single-process SGD on the same global batches.
+"""Run under horovodrun: with forced unequal batches, lbbsp's weights equal single-process SGD on the same global
+batches.
 
-Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13) [PRECISION_POLICY]
+Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13) [OPTION]
 
-With a precision policy ("mixed_float16"), Keras wraps both models' optimizers in a LossScaleOptimizer.
+OPTION "mixed_float16": that precision policy (Keras wraps both models' optimizers in a LossScaleOptimizer);
+"fp16": the gradients compressed to 16 bits in the allreduce (hvd.Compression.fp16).
 """
 import json
 import sys
+
+import horovod.tensorflow
 
 import numpy as np
 
@@ -13,11 +17,16 @@ from _common import init_worker
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
+from lbbsp.consistency import digest  # noqa: E402
+from lbbsp.exchange import unpack  # noqa: E402
+from lbbsp.keras.optimizer import balance_state  # noqa: E402
 from lbbsp.policies import FixedPolicy  # noqa: E402
 
 out_path, shares = sys.argv[1], [float(s) for s in sys.argv[2].split(",")]
-if len(sys.argv) > 3:
-    tf.keras.mixed_precision.set_global_policy(sys.argv[3])
+option = sys.argv[3] if len(sys.argv) > 3 else None
+if option == "mixed_float16":
+    tf.keras.mixed_precision.set_global_policy(option)
+compression = hvd.Compression.fp16 if option == "fp16" else hvd.Compression.none
 N, B, EPOCHS, LR = 50, 16, 2, 0.05
 rng = np.random.default_rng(0)
 x = rng.normal(size=(N + 30, 5)).astype(np.float32)
@@ -37,13 +46,18 @@ def build():
 
 
 model = build()
-model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9)), loss="mse",
-              metrics=["mae"])
+model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9), compression=compression),
+              loss="mse", metrics=["mae"])
 feed = lb.BalancedFeed(x, y, global_batch=B, seed=7)
 balancer = lb.LoadBalancer(feed, policy=FixedPolicy(shares), warmup_steps=0)
 hist = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=EPOCHS, verbose=0,
                  validation_data=val_shard, validation_batch_size=4,
                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer])
+
+# Every rank received every rank's row whole: the split's digest of the last step, as each rank ran it.
+gathered = unpack(balance_state(model.optimizer).gathered)
+digests_ok = bool(np.all(gathered.split == digest(balancer.split)))
+digests_ok = all(horovod.tensorflow.allgather_object(digests_ok))
 
 if hvd.rank() == 0:
     # The same global batches on one machine, through plain Keras.
@@ -72,6 +86,7 @@ if hvd.rank() == 0:
         "lbbsp_keys": sorted(hist.history),
         "size": hvd.size(),
         "optimizer": type(model.optimizer).__name__,
+        "digests_ok": digests_ok,
     }
     with open(out_path, "w") as fh:
         json.dump(result, fh)
