@@ -6,8 +6,8 @@ may use, before training, moves that cost out of the training steps and lets
 the balancer move between those shapes for free (lbbsp.steptime). The
 gradients are computed and dropped: no collective, no optimizer step; the
 model's non-trainable variables (batch-norm statistics) are restored after.
-XLA-compiled train functions (`jit_compile=True`) compile per shape and
-function, so this does not set up their shapes.
+XLA's auto-clustering compiles the train function's clusters per shape and
+per function, so this does not set those up.
 """
 import time
 
