@@ -97,6 +97,18 @@ def test_steps_per_epoch_must_match_the_feed():
         tiny().fit(feed.dataset(), steps_per_epoch=3, epochs=1, verbose=0, callbacks=[lb.LoadBalancer(feed)])
 
 
+def test_the_balanced_optimizer_is_found_inside_or_around_a_loss_scale_optimizer():
+    from lbbsp.keras.optimizer import balance_state
+
+    scaled = tf.keras.mixed_precision.LossScaleOptimizer
+    inside = scaled(lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)))  # what compile does under mixed_float16
+    around = lb.DistributedOptimizer(scaled(tf.keras.optimizers.SGD(0.01)))
+    assert balance_state(inside) is not None and balance_state(around) is not None
+    assert balance_state(scaled(tf.keras.optimizers.SGD(0.01))) is None
+    with pytest.raises(ValueError, match="already wrapped"):
+        lb.DistributedOptimizer(inside)
+
+
 def test_steps_per_execution_must_be_one():
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(3,))])
     model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse",

@@ -228,18 +228,17 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     return wrapped
 
 
-def _unwrapped(optimizer):
-    """The optimizer inside a mixed-precision LossScaleOptimizer (which Keras puts around the compiled
-    optimizer under the "mixed_float16" policy), else `optimizer`."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
+def balance_state(optimizer):
+    """The BalanceState through which the callback and an optimizer returned by `DistributedOptimizer` share
+    each step's batch sizes and exchanged row, also where that optimizer sits inside a LossScaleOptimizer
+    (Keras puts one around the compiled optimizer under the "mixed_float16" policy); None for any other."""
+    for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        state = getattr(candidate, "_lbbsp_state", None)
+        if isinstance(state, BalanceState):
+            return state
+    return None
 
 
 def is_balanced_optimizer(optimizer):
     """True for an optimizer returned by `DistributedOptimizer`, also inside a LossScaleOptimizer."""
-    return isinstance(getattr(_unwrapped(optimizer), "_lbbsp_state", None), BalanceState)
-
-
-def balance_state(optimizer):
-    """The BalanceState through which the callback and an optimizer returned by `DistributedOptimizer` (also
-    inside a LossScaleOptimizer) share each step's batch sizes and exchanged row (None for any other)."""
-    return _unwrapped(optimizer)._lbbsp_state if is_balanced_optimizer(optimizer) else None
+    return balance_state(optimizer) is not None
