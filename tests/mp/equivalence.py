@@ -9,13 +9,12 @@ OPTION "mixed_float16": that precision policy (Keras wraps both models' optimize
 import json
 import sys
 
-import horovod.tensorflow
-
 import numpy as np
 
 from _common import init_worker
 
 hvd, tf = init_worker()
+import horovod.tensorflow  # noqa: E402
 import lbbsp.keras as lb  # noqa: E402
 from lbbsp.consistency import digest  # noqa: E402
 from lbbsp.exchange import unpack  # noqa: E402
