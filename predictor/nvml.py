@@ -100,8 +100,8 @@ class NVMLReader:
     def read(self):
         """One round of NVML queries: the GPU_FEATURES as a tuple (raises what NVML raises)."""
         nvml, handle = self._nvml, self._handle
-        procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        others = [p for p in procs if p.pid != os.getpid()]
+        me, procs = os.getpid(), list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        others = [p for p in procs if p.pid != me]
         if others and len(others) == len(procs):
             # In a container NVML lists host PIDs (the driver does not translate PID namespaces), so this
             # process is listed under a PID it cannot know: the one using the most memory is taken for it.

@@ -63,8 +63,9 @@ class BalanceState:
         """Start the busy period of the next step now (after work that is not per-step, e.g. validation)."""
         self.begin = time.time() if now is None else now
 
-    def on_ready(self, _marker=None):
-        """Graph callback when the local gradients exist: this worker's row in an (N, fields) matrix of zeros.
+    def on_ready(self, _gradients_computed):
+        """Graph callback when the local gradients exist (its input, `_computed`, arrives only then): this
+        worker's row in an (N, fields) matrix of zeros.
 
         The compute time is the busy time before this worker can join the allreduce: from the end of
         the previous one to now, plus what `on_local` took in the previous step (it runs after this
