@@ -337,7 +337,8 @@ class LBBSPPolicy(Policy):
         self.model.update(stats.batches, stats.compute)
         mean = self.curves(stats.forecast, stats.batches, stats.compute)
         target, self._curves = self._choose(stats, mean)
-        if self._pays(target, mean, stats):
+        target = self._move(target, mean, stats)
+        if target is not None:
             self.batches, self._regret, self._proposal = target, 0.0, None
         return self.resize(next_global_batch)
 
@@ -346,20 +347,25 @@ class LBBSPPolicy(Policy):
         times = step_times(self.batches, *curves)
         return times, times.max() - step_times(split_, *curves).max()
 
-    def _pays(self, target, mean, stats):
-        """Whether `target` saves more than min_gain of the step and pays for the set-up of its new batch
-        shapes (one worker's cost: done in parallel), twice: from the saving forgone while the move stayed worth
-        making (ski rental) and from the saving over the horizon (capped by how long the slowest worker's speed is
-        expected to hold); the measured step stands for the `stats.elapsed` steps since the previous decision.
-        `mean`: the curves at the planned speeds, which pay for set-ups whichever split is taken."""
+    def _move(self, target, mean, stats):
+        """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new
+        batch shape. A move that does is taken once it pays for their set-up (one worker's cost: done in
+        parallel) twice: from the saving forgone while the move stayed worth making (ski rental) and from the
+        saving over the horizon (capped by how long the slowest worker's speed is expected to hold); the measured
+        step stands for the `stats.elapsed` steps since the previous decision. Both savings are predicted at
+        `mean`, the curves at the planned speeds: the tail split's margin against noisy workers says where to
+        split, not how much a move saves. Where the set-up costs more than a step, the move is one for many
+        steps: the split and both savings come from the workers' speed levels, which a stray step does not move."""
         times, saving = self._saving(target, self._curves)
-        now = times.max()
         setup = self.setup_cost(target)
-        if not saving > self.min_gain * now or setup == 0:
+        if saving > self.min_gain * times.max() and setup > times.max():
+            mean = (sanitize(np.where(np.isfinite(self.model.levels), self.model.levels, mean[0]), 1.0), *mean[1:])
+            target = split(int(self.batches.sum()), self.bounds, *mean)
+            times, saving = self._saving(target, mean)
+            setup = self.setup_cost(target)
+        if not saving > self.min_gain * times.max() or setup == 0:
             self._regret, self._proposal = 0.0, None
-            return saving > self.min_gain * now
-        # Set-ups are paid from the saving expected at the planned speeds: the tail split's margin against noisy
-        # workers says where to split, not how much a move saves.
+            return target if saving > self.min_gain * times.max() else None
         times, saving = self._saving(target, mean)
         # The move stays worth making while the previous decision's proposal would still save more than min_gain of
         # the step (a worker's noisy step moves the best split, not the worth of moving).
@@ -367,7 +373,7 @@ class LBBSPPolicy(Policy):
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.elapsed)
-        return self._regret >= setup and saving * horizon >= setup
+        return target if self._regret >= setup and saving * horizon >= setup else None
 
     def setup_cost(self, target):
         """Seconds the batch shapes of `target` that some worker has not run cost to set up (in parallel)."""

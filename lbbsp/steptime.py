@@ -48,7 +48,8 @@ class StepTimeParams:
     max_error: float = 0.25  # a fit of k is taken when its standard error is below this fraction of the batch
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
     offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
-    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change
+    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change, and a
+    # speed level (two consecutive steps agreeing) that moves by more than this is a change of level
     sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
     noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
     shape_cost: float = None  # seconds a new batch shape is taken to cost until one was measured (None: 0 on
@@ -85,7 +86,7 @@ class StepTimeModel:
     #: the others' estimates) or a value (no observations of its own).
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
-                  "change_rate": 0.0, "measured": math.nan}
+                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan}
 
     #: Fits of k from which they are pooled (shrinkage pays from three estimates on).
     POOL_FROM = 3
@@ -114,6 +115,7 @@ class StepTimeModel:
         self.shapes = [frozenset()] * n  # the batch sizes each worker has run
         self.change_rate = np.zeros(n)  # each worker's speed changes per step (a running mean)
         self.measured = np.full(n, np.nan)  # the batch-free speed of each worker's last step, where it is one
+        self.levels = np.full(n, np.nan)  # the batch-free speed two consecutive steps of each worker last agreed on
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -148,8 +150,8 @@ class StepTimeModel:
 
     @property
     def persistence(self):
-        """Updates (steps the model was fed) each worker's speed is expected to hold before it changes (inf for one
-        that has not changed)."""
+        """Updates (steps the model was fed) each worker's speed level is expected to hold before it changes (inf
+        for one that has not changed)."""
         return np.divide(1.0, self.change_rate, out=np.full(self.num_workers, np.inf), where=self.change_rate > 0)
 
     def setup_cost(self):
@@ -209,7 +211,6 @@ class StepTimeModel:
         resid = np.log(t / np.maximum(self.floors, line))
         self.changed = above & np.isfinite(resid) & (np.abs(resid) > threshold)
         self.floors = np.where(self.changed, 0.0, self.floors)  # a floor measured under other contention
-        self.change_rate += np.where(ok, (self.changed - self.change_rate) / p.change_memory, 0.0)
         steady = above & np.isfinite(resid) & ~self.changed
         self.spread2 = np.where(steady, self.spread2 + p.noise_rate * (resid ** 2 - self.spread2), self.spread2)
         pair = steady & np.isfinite(b0)
@@ -222,6 +223,12 @@ class StepTimeModel:
         self._fit()
         self.measured = np.where(above, (self.offsets + b) / t, np.nan)
         self.speeds = np.where(above, self.measured, self.speeds)
+        # A speed holds once two consecutive steps agree on it. A level that moves by more than `change` is a change
+        # of speed, whatever the noise (a noisy co-tenant's comings and goings are changes); a stray slow step that
+        # the next one undoes is not.
+        moved = steady & (np.abs(np.log(self.measured / self.levels)) > p.change)
+        self.levels = np.where(steady, self.measured, self.levels)
+        self.change_rate += np.where(ok, (moved - self.change_rate) / p.change_memory, 0.0)
 
     def _fit(self):
         p = self.params

@@ -132,11 +132,15 @@ def test_the_set_up_prior_depends_on_the_device_until_measured():
 
 
 def test_a_workers_rate_of_changes_says_how_long_its_speed_holds():
-    m = model(2)
+    # Worker 1 changes its speed every 5 steps; worker 2 runs a lone stray step at half speed every 4 steps,
+    # which the next step undoes: no change of its level.
+    m = model(3)
     assert np.isinf(m.persistence).all()
     for step in range(40):
-        feed(m, [[64, 64]], np.array([1000.0, 1000.0 if step % 10 < 5 else 250.0]), np.zeros(2))
-    assert np.isinf(m.persistence[0]) and 10 < m.persistence[1] < 200
+        feed(m, [[64, 64, 64]], np.array([1000.0, 1000.0 if step % 10 < 5 else 250.0, 500.0 if step % 4 == 1 else
+                                          1000.0]), np.zeros(3))
+    assert np.isinf(m.persistence[0]) and 10 < m.persistence[1] < 200 and np.isinf(m.persistence[2])
+    assert m.levels.tolist() == [1000.0, 250.0, 1000.0]
 
 
 def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
