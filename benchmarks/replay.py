@@ -13,9 +13,11 @@ ranks then ran, and prints for each step what the decision saw: the split
 run and the split decided, each worker's batch-free speed, fixed cost and
 change threshold, the workers whose speed the step-time model saw jump,
 the workers whose forecasts it planned with (where they have lately beaten
-their levels), learned floors, and the forgone saving that a move to new batch
-shapes must pay for. A recovery slower than it should be can then be traced
-to its cause without running the cluster again.
+their last measured speeds), learned floors, and the forgone saving that a
+move to new batch shapes must pay for, with the workers' speed levels (what
+two consecutive steps agreed on) that such a move is valued at where a set-up
+costs more than a step. A recovery slower than it should be can then be
+traced to its cause without running the cluster again.
 """
 import argparse
 import csv
@@ -95,7 +97,7 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
             record.update(speed=model.speeds.tolist(), offset=model.offsets.tolist(), floor=model.floors.tolist(),
                           threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist(),
                           forecast_used=np.flatnonzero(policy._errors[0] < policy._errors[1]).tolist(),
-                          regret=policy._regret, setup=model.setup_cost())
+                          regret=policy._regret, setup=model.setup_cost(), level=model.levels.tolist())
         records.append(record)
     return records, matched, checked
 
@@ -110,7 +112,8 @@ def _line(r):
         text += f" jumped {r['jumped']}" if r["jumped"] else ""
         text += f" floor {np.round(1e3 * np.array(r['floor']), 1).tolist()} ms" if any(r["floor"]) else ""
         text += f" forecasts of {r['forecast_used']}" if r["forecast_used"] else ""
-        text += f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s)" if r["regret"] else ""
+        text += (f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s) levels {np.round(r['level']).tolist()}"
+                 if r["regret"] else "")
     return text
 
 

@@ -358,7 +358,7 @@ class LBBSPPolicy(Policy):
         steps: the split and both savings come from the workers' speed levels, which a stray step does not move."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
-        if saving > self.min_gain * times.max() and setup > times.max():
+        if saving > self.min_gain * times.max() and setup > times.max():  # from here on, value at the levels
             mean = (sanitize(np.where(np.isfinite(self.model.levels), self.model.levels, mean[0]), 1.0), *mean[1:])
             target = split(int(self.batches.sum()), self.bounds, *mean)
             times, saving = self._saving(target, mean)

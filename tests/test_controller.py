@@ -114,7 +114,7 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
 
 
-def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_level():
+def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_last_speed():
     # Worker 0's predictor foresees every change a step early; worker 1's trails by a step: the first is used,
     # the second gives way to the level.
     policy = LBBSPPolicy()
