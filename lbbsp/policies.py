@@ -270,7 +270,7 @@ class LBBSPPolicy(Policy):
         self.model.start(bounds.num_workers)
         self._curves, self._regret, self._proposal = None, 0.0, None
         self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
-        self._proposals, self._tail_score, self._use_tail = {}, 0.0, False
+        self._proposals, self._tail_score, self._use_tail, self._bought = {}, 0.0, False, None
         return super().start(global_batch, bounds)
 
     def seen(self, batches):
@@ -355,10 +355,12 @@ class LBBSPPolicy(Policy):
         step stands for the `stats.elapsed` steps since the previous decision. Both savings are predicted at
         `mean`, the curves at the planned speeds: the tail split's margin against noisy workers says where to
         split, not how much a move saves. Where the set-up costs more than a step, the move is one for many
-        steps: the split and both savings come from the workers' speed levels, which a stray step does not move."""
+        steps: the split and both savings come from the workers' speed levels, which a stray step does not move,
+        and until it is bought a split already set up is taken where it pays (`_free`)."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
-        if saving > self.min_gain * times.max() and setup > times.max():  # from here on, value at the levels
+        lasting = saving > self.min_gain * times.max() and setup > times.max()
+        if lasting:  # from here on, value at the levels
             mean = (sanitize(np.where(np.isfinite(self.model.levels), self.model.levels, mean[0]), 1.0), *mean[1:])
             target = split(int(self.batches.sum()), self.bounds, *mean)
             times, saving = self._saving(target, mean)
@@ -373,7 +375,20 @@ class LBBSPPolicy(Policy):
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.elapsed)
-        return target if self._regret >= setup and saving * horizon >= setup else None
+        if self._regret >= setup and saving * horizon >= setup:
+            self._bought = target
+            return target
+        return self._free(mean, times.max()) if lasting else None
+
+    def _free(self, curves, now):
+        """The equal split (set up from the start) or the last split bought, whichever saves more at `curves`, where
+        every worker has set its shapes up and it saves more than min_gain of the step `now`: a split bought for
+        workers that have since changed (co-tenants gone) may be slower than either, and moving costs nothing."""
+        total = int(self.batches.sum())
+        free = [s for s in (self._split(np.ones(self.num_workers), total), self._bought)
+                if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]
+        savings = [self._saving(s, curves)[1] for s in free]
+        return free[int(np.argmax(savings))] if free and max(savings) > self.min_gain * now else None
 
     def setup_cost(self, target):
         """Seconds the batch shapes of `target` that some worker has not run cost to set up (in parallel)."""
@@ -387,18 +402,18 @@ class LBBSPPolicy(Policy):
     def state(self):
         return dict(super().state(), model=self.model.state(), tail=(self._tail_score, self._use_tail),
                     proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
-                    proposal=self._proposal)
+                    proposal=self._proposal, bought=self._bought)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
         (self._tail_score, self._use_tail), self._regret = state["tail"], state["regret"]
-        self._proposals, self._proposal = dict(state["proposals"]), state["proposal"]
+        self._proposals, self._proposal, self._bought = dict(state["proposals"]), state["proposal"], state["bought"]
 
     def rejoin(self, state, index, global_batch):
         super().rejoin(dict(state, model=remap(state["model"], index, StepTimeModel.PER_WORKER)), index,
                        global_batch)
-        self._proposals, self._proposal, self._regret = {}, None, 0.0  # splits of the old set of workers
+        self._proposals, self._proposal, self._regret, self._bought = {}, None, 0.0, None  # the old workers' splits
         if np.isfinite(self.model.speeds).any():  # the split from the workers' curves, a newcomer's the mean
             self.batches = split(int(global_batch), self.bounds, *self.curves(np.full(self.num_workers, np.nan)))
 
