@@ -188,7 +188,7 @@ def test_set_up_splits_are_moved_to_for_free_when_the_best_split_does_not_pay():
     # them is bought. Then they recover and worker 0 runs 10% slow: the bought split loads the slowest worker most,
     # and the best split (new shapes, about 2 ms a step saved) does not pay; the equal split, set up from the
     # start, does, at no cost. From step 200 workers 2 and 3 are slow again, a little less than before: back to the
-    # split bought for them, set up too, rather than paying for the best one.
+    # split bought for them, set up too, rather than paying for the best one; also after a resume.
     rng = np.random.default_rng(3)
     known = [{128} for _ in range(4)]
 
@@ -202,7 +202,18 @@ def test_set_up_splits_are_moved_to_for_free_when_the_best_split_does_not_pay():
                 out[w] += 3.0
         return out
 
-    splits, _ = _run(LBBSPPolicy(), times, 260, total=512, n=4, gpu=True)
+    def loop():
+        return Loop(BalanceController(LBBSPPolicy(), warmup_steps=0), 4, [512] * 500, multiple=8, gpu=True)
+
+    first, splits, resumed = loop(), [], None
+    for t in range(260):
+        if t == 180:  # a resume from a checkpoint at step 180, in the equal split, continues identically
+            resumed = loop()
+            resumed.c.load_state(first.c.state())
+            resumed.plans, resumed.t = dict(first.plans), first.t
+        rows = []
+        splits.append(first.step(lambda sizes: rows.append(gathered([np.nan] * 4, times(t, sizes))) or rows[0]))
+        assert resumed is None or resumed.step(lambda sizes: rows[0]).tolist() == splits[-1].tolist(), t
     bought = splits[149].tolist()
     assert bought[0] > 2 * bought[2], bought
     assert splits[199].tolist() == [128] * 4 and splits[-1].tolist() == bought, (splits[199], splits[-1])
