@@ -135,6 +135,16 @@ def _run(policy, times_of, steps, total=256, n=2, epoch=500, gpu=False, warm_sha
     return splits, shapes
 
 
+def _set_up(known, batches, times, cost=3.0):
+    """`times` with `cost` seconds more for every worker whose batch size is new to it (cuDNN autotuning); `known`:
+    each worker's batch sizes so far, updated."""
+    for w, b in enumerate(batches.tolist()):
+        if b not in known[w]:
+            known[w].add(b)
+            times[w] += cost
+    return times
+
+
 def test_a_new_shape_is_set_up_only_when_the_saving_pays_for_it():
     # Two GPUs; worker 1 slowed by a third for ten steps at a time. Every new batch shape costs 3 s to set up
     # (cuDNN autotuning), a step saves at most ~15 ms: renting beats buying, the split stays equal. On a
@@ -145,12 +155,7 @@ def test_a_new_shape_is_set_up_only_when_the_saving_pays_for_it():
     def times(slowed, factor=1.33):
         def of(t, batches):
             speed = np.array([5000.0, 5000.0 / factor if slowed(t) else 5000.0])
-            out = (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 2))
-            for w, b in enumerate(batches.tolist()):
-                if b not in known[w]:
-                    known[w].add(b)
-                    out[w] += 3.0
-            return out
+            return _set_up(known, batches, (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 2)))
         return of
 
     splits, shapes = _run(LBBSPPolicy(), times(lambda t: (t // 10) % 2 == 1), 200, gpu=True)
@@ -172,11 +177,7 @@ def test_stray_slow_steps_neither_hold_off_nor_skew_a_lasting_move():
         out = (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4))
         if t % 2 == 0:
             out[rng.integers(4)] *= 2.0
-        for w, b in enumerate(batches.tolist()):
-            if b not in known[w]:
-                known[w].add(b)
-                out[w] += 3.0
-        return out
+        return _set_up(known, batches, out)
 
     splits, shapes = _run(LBBSPPolicy(), times, 300, total=512, n=4, gpu=True)
     slowest = ((25.0 + splits[-1]) / speed).max()
@@ -195,12 +196,7 @@ def test_set_up_splits_are_moved_to_for_free_when_the_best_split_does_not_pay():
     def times(t, batches):
         slow = 1250.0 if t < 150 else 1400.0
         speed = np.array([5000.0 / 1.1] + [5000.0] * 3) if 150 <= t < 200 else np.array([5000.0, 5000.0, slow, slow])
-        out = (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4))
-        for w, b in enumerate(batches.tolist()):
-            if b not in known[w]:
-                known[w].add(b)
-                out[w] += 3.0
-        return out
+        return _set_up(known, batches, (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4)))
 
     def loop():
         return Loop(BalanceController(LBBSPPolicy(), warmup_steps=0), 4, [512] * 500, multiple=8, gpu=True)
