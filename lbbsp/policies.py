@@ -368,7 +368,8 @@ class LBBSPPolicy(Policy):
         if not saving > self.min_gain * times.max() or setup == 0:
             self._regret, self._proposal = 0.0, None
             return target if saving > self.min_gain * times.max() else None
-        times, saving = self._saving(target, mean)
+        if not lasting:  # a lasting move's are at `mean` already
+            times, saving = self._saving(target, mean)
         # The move stays worth making while the previous decision's proposal would still save more than min_gain of
         # the step (a worker's noisy step moves the best split, not the worth of moving).
         same = self._proposal is not None and self._saving(self._proposal, mean)[1] > self.min_gain * times.max()
