@@ -15,7 +15,7 @@ change threshold, the workers whose speed the step-time model saw jump,
 the workers whose forecasts it planned with (where they have lately beaten
 their last measured speeds), learned floors, and the forgone saving that a
 move to new batch shapes must pay for, with the workers' speed levels (what
-two consecutive steps agreed on) that such a move is valued at where a set-up
+three consecutive steps agreed on) that such a move is valued at where a set-up
 costs more than a step. A recovery slower than it should be can then be
 traced to its cause without running the cluster again.
 """

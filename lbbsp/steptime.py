@@ -49,7 +49,7 @@ class StepTimeParams:
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
     offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
     change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change, and a
-    # speed level (two consecutive steps agreeing) that moves by more than this is a change of level
+    # speed level (three consecutive steps agreeing) that moves by more than this is a change of level
     sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
     noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
     shape_cost: float = None  # seconds a new batch shape is taken to cost until one was measured (None: 0 on
@@ -86,10 +86,13 @@ class StepTimeModel:
     #: the others' estimates) or a value (no observations of its own).
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
-                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan}
+                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0}
 
     #: Fits of k from which they are pooled (shrinkage pays from three estimates on).
     POOL_FROM = 3
+    #: Consecutive steps that must agree on a speed before it is the worker's level: with two, among hundreds of
+    #: GPUs some GPU's level is a run of stray slow steps at nearly every step (docs/gpu.md).
+    LEVEL_STEPS = 3
 
     def __init__(self, params=None):
         self.params = StepTimeParams.of(params)
@@ -115,7 +118,9 @@ class StepTimeModel:
         self.shapes = [frozenset()] * n  # the batch sizes each worker has run
         self.change_rate = np.zeros(n)  # each worker's speed changes per step (a running mean)
         self.measured = np.full(n, np.nan)  # the batch-free speed of each worker's last step, where it is one
-        self.levels = np.full(n, np.nan)  # the batch-free speed two consecutive steps of each worker last agreed on
+        self.levels = np.full(n, np.nan)  # the batch-free speed LEVEL_STEPS consecutive steps of each worker last
+        # agreed on
+        self.held = np.zeros(n, dtype=np.int64)  # each worker's steady steps in a row (the model predicted them)
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -223,11 +228,13 @@ class StepTimeModel:
         self._fit()
         self.measured = np.where(above, (self.offsets + b) / t, np.nan)
         self.speeds = np.where(above, self.measured, self.speeds)
-        # A speed holds once two consecutive steps agree on it. A level that moves by more than `change` is a change
-        # of speed, whatever the noise (a noisy co-tenant's comings and goings are changes); a stray slow step that
-        # the next one undoes is not.
-        moved = steady & (np.abs(np.log(self.measured / self.levels)) > p.change)
-        self.levels = np.where(steady, self.measured, self.levels)
+        # A speed holds once LEVEL_STEPS consecutive steps agree on it. A level that moves by more than `change` is a
+        # change of speed, whatever the noise (a noisy co-tenant's comings and goings are changes); a run of stray
+        # slow steps that the next one undoes is not.
+        self.held = np.where(steady, self.held + 1, np.where(ok, 0, self.held))
+        settled = steady & (self.held >= self.LEVEL_STEPS - 1)
+        moved = settled & (np.abs(np.log(self.measured / self.levels)) > p.change)
+        self.levels = np.where(settled, self.measured, self.levels)
         self.change_rate += np.where(ok, (moved - self.change_rate) / p.change_memory, 0.0)
 
     def _fit(self):

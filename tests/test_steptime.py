@@ -143,6 +143,19 @@ def test_a_workers_rate_of_changes_says_how_long_its_speed_holds():
     assert m.levels.tolist() == [1000.0, 250.0, 1000.0]
 
 
+def test_a_run_of_two_stray_steps_is_not_a_level():
+    # Among hundreds of GPUs some GPU runs two stray slow steps in a row at nearly every step: worker 1 does every
+    # 6 steps, worker 2's speed halves for good at step 20 (a co-tenant).
+    m = model(3)
+    levels = []
+    for step in range(40):
+        feed(m, [[64, 64, 64]], np.array([1000.0, 500.0 if step % 6 in (1, 2) else 1000.0,
+                                          500.0 if step >= 20 else 1000.0]), np.zeros(3))
+        levels.append(m.levels.copy())
+    assert all(level[1] == 1000.0 for level in levels[5:]) and np.isinf(m.persistence[1])
+    assert levels[21][2] == 1000.0 and levels[22][2] == 500.0 and np.isfinite(m.persistence[2])
+
+
 def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
     # Under a balancer the batch follows the speed: a regression of t on b over a drift mistakes the drift for
     # a fixed cost. Consecutive-step differences with the batch change as instrument are not misled.
