@@ -4,7 +4,8 @@ batches.
 Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,13) [OPTION]
 
 OPTION "mixed_float16": that precision policy (Keras wraps both models' optimizers in a LossScaleOptimizer);
-"fp16": the gradients compressed to 16 bits in the allreduce (hvd.Compression.fp16).
+"fp16": the gradients compressed to 16 bits in the allreduce (hvd.Compression.fp16); "per_tensor": each gradient reduced
+on its own (DistributedOptimizer(grouped=False)), the rows in an allreduce of their own.
 """
 import json
 import sys
@@ -45,7 +46,8 @@ def build():
 
 
 model = build()
-model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9), compression=compression),
+model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9), compression=compression,
+                                                grouped=option != "per_tensor"),
               loss="mse", metrics=["mae"])
 feed = lb.BalancedFeed(x, y, global_batch=B, seed=7)
 balancer = lb.LoadBalancer(feed, policy=FixedPolicy(shares), warmup_steps=0)
