@@ -126,7 +126,7 @@ def _reduce(optimizer, grads):
     one grouped allreduce: one negotiation, one fused collective (one per dtype where `compression`
     or the model makes gradients of another dtype; the rows are never compressed). Otherwise
     each gradient is reduced as soon as it exists, which lets communication
-    overlap the rest of the backward pass (worth it for large models on GPUs),
+    overlap the rest of the backward pass (worth it where gradients are large),
     and the stats follow in their own allreduce.
     """
     state = optimizer._lbbsp_state
@@ -185,9 +185,10 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     """Wrap a Keras optimizer for load-balanced BSP (use instead of `hvd.DistributedOptimizer`).
 
     `grouped=True` reduces all dense gradients and the stats in one grouped
-    allreduce (one negotiation: the cheapest on CPU workers); `grouped=False`
+    allreduce (one negotiation, which waits for the last gradient); `grouped=False`
     reduces each gradient as soon as it exists, overlapping communication
-    with the backward pass (worth it for large models on GPUs).
+    with the backward pass (worth it where gradients are large, on CPU
+    workers too: docs/results.md).
 
     Works with the Keras 2.15 optimizers (`tf.keras.optimizers.*`) and the
     legacy ones (`tf.keras.optimizers.legacy.*`). The returned optimizer has
