@@ -5,8 +5,8 @@ sum-allreduce, so every worker applies sum_i (b_i / B) g_i: the gradient a
 single machine would compute on all B samples. The same graph notes when the
 local gradients exist and when the allreduce is done (so the callback can
 split a step into busy and wait time), and exchanges each worker's small
-stats row inside the same fused sum-allreduce as the gradients, which saves a
-collective per step.
+stats row inside a gradient's sum-allreduce, which saves a collective per
+step.
 """
 import time
 
@@ -122,12 +122,12 @@ def _reduce(optimizer, grads):
 
     The rows of lbbsp.exchange travel in a sum-allreduce too: rank i writes
     its row into row i of an (N, fields) float32 matrix of zeros, so the sum
-    holds every rank's row. With `grouped` (the default) the dense gradients and the stats go in
-    one grouped allreduce: one negotiation, one fused collective (one per dtype where `compression`
-    or the model makes gradients of another dtype; the rows are never compressed). Otherwise
-    each gradient is reduced as soon as it exists, which lets communication
-    overlap the rest of the backward pass (worth it where gradients are large),
-    and the stats follow in their own allreduce.
+    holds every rank's row. With `grouped` (the default) the dense gradients and the rows go in one
+    grouped allreduce: one negotiation, one fused collective (one per dtype where `compression` or
+    the model makes gradients of another dtype). Otherwise each gradient is reduced as soon as it
+    exists, which lets communication overlap the rest of the backward pass, and the rows ride with
+    the smallest float32 gradient (which then waits for them: the cheapest one to hold back). The
+    rows are never compressed.
     """
     state = optimizer._lbbsp_state
     compression = optimizer._lbbsp_compression
@@ -137,24 +137,27 @@ def _reduce(optimizer, grads):
     scaled = [None if g is None else _scale(g, state.scale) for g in grads]
     reduced = list(scaled)
     dense = [i for i, g in enumerate(scaled) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    # Only the gradients are compressed: 16 bits hold neither a split's digest nor a fast worker's speed. A
+    # grouped allreduce holds one dtype: the rows (float32) ride with float32 gradients.
+    packed = {i: compression.compress(scaled[i]) for i in dense}
     if optimizer._lbbsp_grouped:
-        # Only the gradients are compressed: 16 bits hold neither a split's digest nor a fast worker's speed. A
-        # grouped allreduce holds one dtype: the rows (float32) go with the float32 gradients, others apart.
-        packed = {i: compression.compress(scaled[i]) for i in dense}
         by_dtype = {rows.dtype: []}
         for i in dense:
             by_dtype.setdefault(packed[i][0].dtype, []).append(i)
-        for dtype, members in by_dtype.items():
-            tensors = ([rows] if dtype == rows.dtype else []) + [packed[i][0] for i in members]
-            out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}")
-            if dtype == rows.dtype:
-                rows, out = out[0], out[1:]
-            for i, g in zip(members, out):
-                reduced[i] = compression.decompress(g, packed[i][1])
-    else:
-        rows = hvd.allreduce(rows, op=hvd.Sum, name="lbbsp_stats")
-        for i in dense:
-            reduced[i] = hvd.allreduce(scaled[i], op=hvd.Sum, compression=compression)
+    else:  # the rows ride with the smallest float32 gradient, the one whose wait for them costs least
+        riders = [i for i in dense if packed[i][0].dtype == rows.dtype]
+        smallest = min(riders, key=lambda i: scaled[i].shape.num_elements() or float("inf"), default=None)
+        by_dtype = {rows.dtype: [] if smallest is None else [smallest]}
+    for dtype, members in by_dtype.items():
+        tensors = ([rows] if dtype == rows.dtype else []) + [packed[i][0] for i in members]
+        out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}")
+        if dtype == rows.dtype:
+            rows, out = out[0], out[1:]
+        for i, g in zip(members, out):
+            reduced[i] = compression.decompress(g, packed[i][1])
+    for i in dense:
+        if reduced[i] is scaled[i]:  # per tensor: each as soon as it exists
+            reduced[i] = compression.decompress(hvd.allreduce(packed[i][0], op=hvd.Sum), packed[i][1])
     for i, g in enumerate(scaled):
         if isinstance(g, tf.IndexedSlices):
             reduced[i] = hvd.allreduce(g, op=hvd.Sum, compression=compression)
@@ -184,11 +187,14 @@ def _reduce_pairs(optimizer, pairs):
 def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_dense=False, grouped=True):
     """Wrap a Keras optimizer for load-balanced BSP (use instead of `hvd.DistributedOptimizer`).
 
-    `grouped=True` reduces all dense gradients and the stats in one grouped
-    allreduce (one negotiation, which waits for the last gradient); `grouped=False`
-    reduces each gradient as soon as it exists, overlapping communication
-    with the backward pass (worth it where gradients are large, on CPU
-    workers too: docs/results.md).
+    `grouped=True` (the default) reduces all dense gradients and the stats rows
+    in one grouped allreduce: one collective a step, which waits for the last
+    gradient. `grouped=False` reduces each gradient as soon as it exists,
+    overlapping communication with the backward pass (as Horovod's own
+    optimizer does), the rows riding with the smallest gradient: faster where
+    every worker has its cores to itself, slower where a worker is throttled
+    (a CPU quota), which then holds up every collective (docs/results.md,
+    "What nothing costs").
 
     Works with the Keras 2.15 optimizers (`tf.keras.optimizers.*`) and the
     legacy ones (`tf.keras.optimizers.legacy.*`). The returned optimizer has

@@ -5,7 +5,7 @@ Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,1
 
 OPTION "mixed_float16": that precision policy (Keras wraps both models' optimizers in a LossScaleOptimizer);
 "fp16": the gradients compressed to 16 bits in the allreduce (hvd.Compression.fp16); "per_tensor": each gradient reduced
-on its own (DistributedOptimizer(grouped=False)), the rows in an allreduce of their own.
+on its own (DistributedOptimizer(grouped=False)), the rows riding with the smallest gradient.
 """
 import json
 import sys
