@@ -149,11 +149,10 @@ def test_bad_optimizer_arguments():
         lb.DistributedOptimizer(wrapped)
 
 
-
 @pytest.mark.parametrize("grouped", [False, True])
 def test_the_stats_rows_ride_in_a_gradient_allreduce(grouped):
     # Grouped (the default), every gradient goes with the rows; per tensor the rows ride with the smallest float32
-    # gradient and every other gradient goes on its own as soon as it exists. The sums are the scaled gradients either way.
+    # gradient and every other gradient goes on its own as soon as it exists. Either way the sums are the gradients.
     from lbbsp.keras.optimizer import _reduce
     optimizer = lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), grouped=grouped)
     shapes = [(3, 4), (4,), (4, 1), (1,)]
@@ -171,6 +170,7 @@ def test_the_stats_rows_ride_in_a_gradient_allreduce(grouped):
     assert sum(op.type == "HorovodAllreduce" for op in ops) == (0 if grouped else len(shapes) - 1)
     for i, (shape, value) in enumerate(zip(shapes, reduce())):
         np.testing.assert_allclose(value.numpy(), np.full(shape, i + 1.0))
+
 
 def test_failing_predictor_falls_back_with_one_warning(caplog):
     class Broken(SpeedPredictor):
