@@ -29,8 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_shipped_scenarios_load():
     names = list_scenarios()
-    assert {"static-4", "static-4-mlp", "dynamic-2", "step-change-2", "homogeneous-2", "accuracy-2",
-            "slowed-2"} <= set(names)
+    assert {"static-4", "static-4-mlp", "dynamic-2", "step-change-2", "homogeneous-2", "homogeneous-2-mlp",
+            "accuracy-2", "slowed-2"} <= set(names)
     for name in names:
         s = Scenario.load(name)
         assert len(s.speeds) == s.workers and s.states(0)

@@ -191,10 +191,9 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     in one grouped allreduce: one collective a step, which waits for the last
     gradient. `grouped=False` reduces each gradient as soon as it exists,
     overlapping communication with the backward pass (as Horovod's own
-    optimizer does), the rows riding with the smallest gradient: faster where
-    every worker has its cores to itself, slower where a worker is throttled
-    (a CPU quota), which then holds up every collective (docs/results.md,
-    "What nothing costs").
+    optimizer does), the rows riding with the smallest gradient: the one to try
+    where gradients are large; on CPU workers one collective a step was
+    faster (docs/results.md, "What nothing costs").
 
     Works with the Keras 2.15 optimizers (`tf.keras.optimizers.*`) and the
     legacy ones (`tf.keras.optimizers.legacy.*`). The returned optimizer has
