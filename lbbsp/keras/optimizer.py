@@ -141,13 +141,14 @@ def _reduce(optimizer, grads):
     # grouped allreduce holds one dtype: the rows (float32) ride with float32 gradients.
     packed = {i: compression.compress(scaled[i]) for i in dense}
     if optimizer._lbbsp_grouped:
-        by_dtype = {rows.dtype: []}
+        by_dtype, apart = {rows.dtype: []}, []
         for i in dense:
             by_dtype.setdefault(packed[i][0].dtype, []).append(i)
     else:  # the rows ride with the smallest float32 gradient, the one whose wait for them costs least
         riders = [i for i in dense if packed[i][0].dtype == rows.dtype]
         smallest = min(riders, key=lambda i: scaled[i].shape.num_elements() or float("inf"), default=None)
         by_dtype = {rows.dtype: [] if smallest is None else [smallest]}
+        apart = [i for i in dense if i != smallest]
     for dtype, members in by_dtype.items():
         tensors = ([rows] if dtype == rows.dtype else []) + [packed[i][0] for i in members]
         out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}")
@@ -155,12 +156,9 @@ def _reduce(optimizer, grads):
             rows, out = out[0], out[1:]
         for i, g in zip(members, out):
             reduced[i] = compression.decompress(g, packed[i][1])
-    for i in dense:
-        if reduced[i] is scaled[i]:  # per tensor: each as soon as it exists
-            reduced[i] = compression.decompress(hvd.allreduce(packed[i][0], op=hvd.Sum), packed[i][1])
-    for i, g in enumerate(scaled):
-        if isinstance(g, tf.IndexedSlices):
-            reduced[i] = hvd.allreduce(g, op=hvd.Sum, compression=compression)
+    sparse = [i for i, g in enumerate(scaled) if isinstance(g, tf.IndexedSlices)]
+    for i in apart + sparse:  # each as soon as it exists
+        reduced[i] = hvd.allreduce(scaled[i], op=hvd.Sum, compression=compression)
     with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [rows]):
         done = tf.numpy_function(state.on_done, [rows], tf.float64, stateful=True, name="lbbsp_done")
     with tf.control_dependencies([done]):
