@@ -120,7 +120,7 @@ class StepTimeModel:
         self.measured = np.full(n, np.nan)  # the batch-free speed of each worker's last step, where it is one
         self.levels = np.full(n, np.nan)  # the batch-free speed LEVEL_STEPS consecutive steps of each worker last
         # agreed on
-        self.held = np.zeros(n, dtype=np.int64)  # each worker's steady steps in a row (the model predicted them)
+        self.held = np.zeros(n, dtype=np.int64)  # each worker's steady steps in a row, counted up to LEVEL_STEPS
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -231,7 +231,7 @@ class StepTimeModel:
         # A speed holds once LEVEL_STEPS consecutive steps agree on it. A level that moves by more than `change` is a
         # change of speed, whatever the noise (a noisy co-tenant's comings and goings are changes); a run of stray
         # slow steps that the next one undoes is not.
-        self.held = np.where(steady, self.held + 1, np.where(ok, 0, self.held))
+        self.held = np.where(steady, np.minimum(self.held + 1, self.LEVEL_STEPS), np.where(ok, 0, self.held))
         settled = steady & (self.held >= self.LEVEL_STEPS - 1)
         moved = settled & (np.abs(np.log(self.measured / self.levels)) > p.change)
         self.levels = np.where(settled, self.measured, self.levels)
