@@ -154,6 +154,8 @@ def test_a_run_of_two_stray_steps_is_not_a_level():
         levels.append(m.levels.copy())
     assert all(level[1] == 1000.0 for level in levels[5:]) and np.isinf(m.persistence[1])
     assert levels[21][2] == 1000.0 and levels[22][2] == 500.0 and np.isfinite(m.persistence[2])
+    # The count of steady steps in a row stops at the steps a level needs (worker 0 was steady throughout).
+    assert m.held.tolist()[0] == StepTimeModel.LEVEL_STEPS and m.held.max() <= StepTimeModel.LEVEL_STEPS
 
 
 def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
