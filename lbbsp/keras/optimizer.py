@@ -102,6 +102,11 @@ def _tensor_of(grad):
     return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
+def _elements(tensor):
+    """A tensor's number of elements (infinite where its shape is not known when traced)."""
+    return tensor.shape.num_elements() or float("inf")
+
+
 def _computed(tensors):
     """A scalar that exists only once every tensor in `tensors` has been computed, where they were computed.
 
@@ -113,7 +118,7 @@ def _computed(tensors):
     if not tensors:
         return tf.zeros([])
     with tf.control_dependencies(tensors):
-        smallest = min(tensors, key=lambda t: t.shape.num_elements() or float("inf"))
+        smallest = min(tensors, key=_elements)
         return tf.reduce_sum(tf.cast(tf.reshape(smallest, [-1])[:1], tf.float32))
 
 
@@ -146,7 +151,7 @@ def _reduce(optimizer, grads):
             by_dtype.setdefault(packed[i][0].dtype, []).append(i)
     else:  # the rows ride with the smallest float32 gradient, the one whose wait for them costs least
         riders = [i for i in dense if packed[i][0].dtype == rows.dtype]
-        smallest = min(riders, key=lambda i: scaled[i].shape.num_elements() or float("inf"), default=None)
+        smallest = min(riders, key=lambda i: _elements(scaled[i]), default=None)
         by_dtype = {rows.dtype: [] if smallest is None else [smallest]}
         apart = [i for i in dense if i != smallest]
     for dtype, members in by_dtype.items():
@@ -156,9 +161,11 @@ def _reduce(optimizer, grads):
             rows, out = out[0], out[1:]
         for i, g in zip(members, out):
             reduced[i] = compression.decompress(g, packed[i][1])
-    sparse = [i for i, g in enumerate(scaled) if isinstance(g, tf.IndexedSlices)]
-    for i in apart + sparse:  # each as soon as it exists
-        reduced[i] = hvd.allreduce(scaled[i], op=hvd.Sum, compression=compression)
+    for i in apart:  # each as soon as it exists, compressed once (above)
+        reduced[i] = compression.decompress(hvd.allreduce(packed[i][0], op=hvd.Sum), packed[i][1])
+    for i, g in enumerate(scaled):
+        if isinstance(g, tf.IndexedSlices):
+            reduced[i] = hvd.allreduce(g, op=hvd.Sum, compression=compression)
     with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [rows]):
         done = tf.numpy_function(state.on_done, [rows], tf.float64, stateful=True, name="lbbsp_done")
     with tf.control_dependencies([done]):
