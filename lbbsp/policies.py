@@ -343,9 +343,14 @@ class LBBSPPolicy(Policy):
         return self.resize(next_global_batch)
 
     def _saving(self, split_, curves):
-        """Each worker's time in the current split and the seconds `split_` saves on the slowest, at `curves`."""
-        times = step_times(self.batches, *curves)
-        return times, times.max() - step_times(split_, *curves).max()
+        """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
+        it can move: one held at its lower bound in both splits takes as long whatever the split, and where it is
+        the slowest, the split that balances the others (as `split` does among equally fast splits) keeps them
+        clear of it as their speeds drift."""
+        times, after = step_times(self.batches, *curves), step_times(split_, *curves)
+        lower, _, q = self.bounds.grid(int(self.batches.sum()))
+        free = (self.batches > lower * q) | (split_ > lower * q)
+        return times, (times[free].max() - after[free].max()) if free.any() else 0.0
 
     def _move(self, target, mean, stats):
         """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new

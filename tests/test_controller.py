@@ -114,6 +114,21 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
     assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
 
 
+def test_the_workers_a_split_can_move_stay_balanced_while_one_held_at_b_min_is_the_slowest():
+    # Worker 3 is so slow that it takes longest even at b_min (0.2 s): every split that holds it there is as
+    # fast as the next, at the time. Worker 2 then slows by 2% a step, from 1000 to 400 samples/s: the others
+    # take its samples as it goes, and it never becomes the slowest (with its 100 samples kept, it would take
+    # 0.25 s).
+    B = 301
+    loop = Loop(BalanceController(LBBSPPolicy(), warmup_steps=0), 4, [B] * 100)
+    slowest = []
+    for t in range(80):
+        v = np.array([1000.0, 1000.0, 1000.0 * max(0.98 ** max(t - 20, 0), 0.4), 5.0])
+        b = loop.step(lambda sizes: gathered([np.nan] * 4, sizes / v))
+        slowest.append(int(np.argmax(b / v)))
+    assert b[3] == 1 and set(slowest[5:]) == {3}, (b, slowest)
+
+
 def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_last_speed():
     # Worker 0's predictor foresees every change a step early; worker 1's trails by a step: the first is used,
     # the second gives way to the level.
