@@ -1,6 +1,6 @@
 """The decision core with one mechanism switched off, for docs/ablation.md (simulator and GPU profile).
 
-    python -m benchmarks.simulate --workers 4,64 --policies lbbsp-narx,abl-mean,abl-unpooled,mean-oracle
+    python -m benchmarks.simulate --workers 4,64 --policies lbbsp-narx,abl-mean,abl-nohyst,mean-oracle
     python -m benchmarks.gpusim --policies equal,lbbsp-narx,abl-nofloor,abl-nosetup,mean-oracle
 
 Each entry subclasses the shipped policy or model and overrides one thing,
@@ -30,10 +30,6 @@ class _NoSetupCost(LBBSPPolicy):
         return 0.0
 
 
-class _UnpooledModel(StepTimeModel):
-    POOL_FROM = np.inf
-
-
 class _FloorlessModel(StepTimeModel):
     def _update(self, b, t, new):
         super()._update(b, t, new)
@@ -52,7 +48,6 @@ def _with_model(model_class):
 ABLATIONS = {
     "abl-mean": ("the tail split and its choice in hindsight", _MeanOnly, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
-    "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),
     "abl-nochange": ("speed-change detection (every test against noise: change, floor, costly first visit)",
