@@ -252,11 +252,17 @@ class LBBSPPolicy(Policy):
 
     name = "lbbsp"
     uses_forecast = True
-    PER_WORKER = {"_errors": "mean", "_previous": np.nan}
+    PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan}
     #: Weight of the newest step in the running |log error| that picks forecast or last speed for each worker.
     SCORE_RATE = 0.1
-    #: Weight of the newest step in a worker's running squared planning error (the tail's spread).
-    SPREAD_RATE = 0.02
+    #: Weight of the newest step in a worker's running squared planning error (the tail's spread). Which workers
+    #: are erratic is a lasting property of their hardware and neighbours: a memory of about 200 steps ranks them
+    #: by it, not by the few stray steps of the last 50. The mean is divided by the weight it has had, so that it
+    #: does not start low.
+    SPREAD_RATE = 0.005
+    #: The tail split plans each worker TAIL_SCALE sqrt(2 ln N) spreads slow: a normal's largest of N draws,
+    #: scaled for step-time noise, whose tails are heavier than a normal's (kurtosis 2-17 in the recorded traces).
+    TAIL_SCALE = 1.25
     #: Weight of the newest step in the running log ratio of the tail's step time to the mean's, and the margin
     #: that ratio must pass to switch (a switch moves the split: not worth it for a hair).
     CHOICE_RATE, TAIL_MARGIN = 0.05, 0.01
@@ -269,7 +275,10 @@ class LBBSPPolicy(Policy):
     def start(self, global_batch, bounds):
         self.model.start(bounds.num_workers)
         self._curves, self._regret, self._proposal = None, 0.0, None
-        self._errors, self._previous = np.zeros((3, bounds.num_workers)), np.full((5, bounds.num_workers), np.nan)
+        # Per worker: the running |log error| of its forecast and of its last speed; the running weight and
+        # squared planning error of the tail's spread; the forecast, last speed and curves last planned with.
+        self._errors, self._spread = np.zeros((2, bounds.num_workers)), np.zeros((2, bounds.num_workers))
+        self._previous = np.full((5, bounds.num_workers), np.nan)
         self._proposals, self._tail_score, self._use_tail, self._bought = {}, 0.0, False, None
         return super().start(global_batch, bounds)
 
@@ -296,9 +305,10 @@ class LBBSPPolicy(Policy):
                 errors = np.vstack([errors, np.where(np.isfinite(measured), np.log(planned / compute), np.nan)])
         seen = np.isfinite(errors)
         errors = np.where(seen, errors, 0.0)
-        self._errors[:2] += np.where(seen[:2], self.SCORE_RATE * (np.abs(errors[:2]) - self._errors[:2]), 0.0)
+        self._errors += np.where(seen[:2], self.SCORE_RATE * (np.abs(errors[:2]) - self._errors), 0.0)
         if batches is not None:
-            self._errors[2] += np.where(seen[2], self.SPREAD_RATE * (errors[2] ** 2 - self._errors[2]), 0.0)
+            squared = np.array([np.ones_like(errors[2]), errors[2] ** 2])
+            self._spread += np.where(seen[2], self.SPREAD_RATE * (squared - self._spread), 0.0)
         better = np.isfinite(forecast) & (forecast > 0) & (self._errors[0] < self._errors[1])
         speeds = sanitize(np.where(better, forecast, last), 1.0)
         offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
@@ -308,11 +318,13 @@ class LBBSPPolicy(Policy):
 
     def _choose(self, stats, curves):
         """The split balancing the planned speeds, or their tails (each worker at exp(-z s_i) of its speed, z =
-        sqrt(2 ln N), s_i its planning error), whichever has lately been faster: both are proposed for every
+        TAIL_SCALE sqrt(2 ln N), s_i its planning error's spread), whichever has lately been faster: both are proposed for every
         step and scored once it is measured; the choice moves where the running log ratio passes TAIL_MARGIN."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
-        tail = speeds * np.exp(-np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self._errors[2]))
+        weight, squared = self._spread
+        spread2 = np.divide(squared, weight, out=np.zeros_like(squared), where=weight > 0)
+        tail = speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * spread2))
         splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
         measured = self.model.measured
         # The proposals in force in the measured step: the latest made for it or before (a split holds between
