@@ -23,6 +23,22 @@ class _MeanOnly(LBBSPPolicy):
         return split(int(self.batches.sum()), self.bounds, *curves), curves
 
 
+class _NormalTail(LBBSPPolicy):
+    """The tail split at a normal's sqrt(2 ln N) spreads."""
+
+    TAIL_SCALE = 1.0
+
+
+class _Spread50(LBBSPPolicy):
+    """The tail's spread a running mean over about 50 steps that starts at zero (before 2026-11-27)."""
+
+    SPREAD_RATE = 0.02
+
+    @property
+    def spread2(self):
+        return self._spread[1]
+
+
 class _NoSetupCost(LBBSPPolicy):
     """New batch shapes taken to cost nothing: moves pass on min_gain alone."""
 
@@ -47,6 +63,8 @@ def _with_model(model_class):
 #: name: (what is switched off, a policy factory, the predictor)
 ABLATIONS = {
     "abl-mean": ("the tail split and its choice in hindsight", _MeanOnly, "narx"),
+    "abl-normal": ("the tails' scale (TAIL_SCALE = 1: normal tails)", _NormalTail, "narx"),
+    "abl-spread50": ("the tail spread's 200-step memory and its debiasing (50 steps from zero)", _Spread50, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),

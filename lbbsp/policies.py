@@ -316,15 +316,25 @@ class LBBSPPolicy(Policy):
         self._previous = np.array([forecast, last, speeds, offsets, floors])
         return speeds, offsets, floors
 
+    @property
+    def spread2(self):
+        """Each worker's squared planning-error spread: its running mean squared log error over the weight that mean
+        has had (0 before any error)."""
+        weight, squared = self._spread
+        return np.divide(squared, weight, out=np.zeros_like(squared), where=weight > 0)
+
+    def tail(self, speeds):
+        """`speeds` planned for the slowest of N draws: each worker's at exp(-z s_i), z = TAIL_SCALE sqrt(2 ln N), s_i
+        the root of its `spread2`."""
+        return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.spread2))
+
     def _choose(self, stats, curves):
-        """The split balancing the planned speeds, or their tails (each worker at exp(-z s_i) of its speed, z =
-        TAIL_SCALE sqrt(2 ln N), s_i its planning error's spread), whichever has lately been faster: both are proposed for every
-        step and scored once it is measured; the choice moves where the running log ratio passes TAIL_MARGIN."""
+        """The split balancing the planned speeds, or their tails (`tail`), whichever has lately been faster: both
+        are proposed for every step and scored once it is measured; the choice moves where the running log ratio
+        passes TAIL_MARGIN."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
-        weight, squared = self._spread
-        spread2 = np.divide(squared, weight, out=np.zeros_like(squared), where=weight > 0)
-        tail = speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * spread2))
+        tail = self.tail(speeds)
         splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
         measured = self.model.measured
         # The proposals in force in the measured step: the latest made for it or before (a split holds between

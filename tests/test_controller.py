@@ -11,7 +11,7 @@ from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController, Plan
 from lbbsp.forecasting import Forecaster
 from lbbsp.history import StepLog
-from lbbsp.policies import POLICIES, LBBSPPolicy, make_policy
+from lbbsp.policies import POLICIES, LBBSPPolicy, StepStats, make_policy
 from predictor import EMAPredictor
 
 
@@ -139,6 +139,23 @@ def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_la
         policy.model.update([50, 50], [50 / speed(t)] * 2)
         v, _, _ = policy.curves([speed(t + 1), speed(t - 1)])
     assert v[0] == speed(40) and v[1] == policy.model.speeds[1]
+
+
+def test_the_tail_plans_each_worker_by_its_own_spread_from_the_first_steps():
+    # 32 workers of one mean speed; the first 16 scatter by 20% a step, the others by 2%. Planned at their last
+    # speed, each error is the difference of two draws: sqrt(2) times the scatter. After 40 steps every worker's
+    # spread is its own (a running mean that started at zero would still be at three quarters of it), and the
+    # tail plans each worker TAIL_SCALE sqrt(2 ln N) of its spreads slow.
+    n, rng = 32, np.random.default_rng(0)
+    scatter = np.where(np.arange(n) < 16, 0.2, 0.02)
+    policy = LBBSPPolicy()
+    policy.start(64 * n, Bounds.of(n, 64 * n))
+    for t in range(40):
+        compute = policy.batches / (1000.0 * np.exp(rng.normal(0.0, scatter)))
+        policy.after_step(StepStats(t, policy.batches.copy(), compute, np.full(n, np.nan), target=t + 2), 64 * n)
+    spreads = -np.log(policy.tail(np.ones(n))) / (LBBSPPolicy.TAIL_SCALE * np.sqrt(2.0 * np.log(n)))
+    ratio = spreads / (np.sqrt(2.0) * scatter)
+    assert 0.85 < np.median(ratio[:16]) < 1.15 and 0.85 < np.median(ratio[16:]) < 1.15, ratio
 
 
 def _run(policy, times_of, steps, total=256, n=2, epoch=500, gpu=False, warm_shapes=()):
