@@ -35,7 +35,7 @@ class _Spread50(LBBSPPolicy):
     SPREAD_RATE = 0.02
 
     @property
-    def spread2(self):
+    def planning_spread2(self):
         return self._spread[1]
 
 

@@ -317,7 +317,7 @@ class LBBSPPolicy(Policy):
         return speeds, offsets, floors
 
     @property
-    def spread2(self):
+    def planning_spread2(self):
         """Each worker's squared planning-error spread: its running mean squared log error over the weight that mean
         has had (0 before any error)."""
         weight, squared = self._spread
@@ -325,8 +325,8 @@ class LBBSPPolicy(Policy):
 
     def tail(self, speeds):
         """`speeds` planned for the slowest of N draws: each worker's at exp(-z s_i), z = TAIL_SCALE sqrt(2 ln N), s_i
-        the root of its `spread2`."""
-        return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.spread2))
+        the root of its `planning_spread2`."""
+        return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.planning_spread2))
 
     def _choose(self, stats, curves):
         """The split balancing the planned speeds, or their tails (`tail`), whichever has lately been faster: both
