@@ -560,3 +560,39 @@ def test_a_list_argument_that_is_not_integers_is_named(module, capsys):
     with pytest.raises(SystemExit):
         importlib.import_module(f"benchmarks.{module}").main(["--workers", "4,x"])
     assert "'4,x' is not allowed: give comma-separated integers" in capsys.readouterr().err
+
+
+def test_paired_ratios_pool_rounds_of_several_launches_and_size_the_rounds_a_difference_needs(tmp_path, capsys):
+    from benchmarks.paired import describe, main, ratios
+
+    def launch(name, times):  # {variant: [epoch time of round 0, 1, ...]}
+        for variant, values in times.items():
+            for r, value in enumerate(values):
+                if value is not None:
+                    os.makedirs(tmp_path / name / variant / f"r{r}")
+                    (tmp_path / name / variant / f"r{r}" / "summary.json").write_text(json.dumps({"epoch_time": value}))
+        return str(tmp_path / name)
+
+    one = launch("one", {"a": [1.0, 2.2, 0.9], "a@base": [1.1, 2.0, None]})  # round 2 ran only one of them
+    two = launch("two", {"a": [3.0, 0.5], "a@base": [3.0, 0.4]})
+    x = ratios([one, two], "a", "a@base")
+    np.testing.assert_allclose(x, [1.0 / 1.1, 1.1, 1.0, 1.25])
+    figures = describe(x)
+    assert figures["rounds"] == 4 and figures["faster"] == 1 and figures["median"] == pytest.approx(1.05)
+    spread = np.std(np.log(x), ddof=1) * np.sqrt(np.pi / 2)
+    assert figures["error"] == pytest.approx(spread / 2)
+    assert figures["rounds_to_resolve"] == int(np.ceil((spread / 0.02) ** 2))
+    # Ratios that scatter by 10% (log standard deviation) need about 40 rounds to resolve 2%, 4 times as many for 1%.
+    wide = describe(np.exp(np.random.default_rng(0).normal(0, 0.1, 400)))
+    assert 30 <= wide["rounds_to_resolve"] <= 50 and describe(np.exp(np.random.default_rng(0).normal(
+        0, 0.1, 400)), resolve=0.01)["rounds_to_resolve"] == pytest.approx(4 * wide["rounds_to_resolve"], rel=0.02)
+    assert main([one, two, "--variants", "a,a@base", "--json", str(tmp_path / "f.json")]) == 0
+    assert "a / a@base over 4 rounds: median 1.050" in capsys.readouterr().out
+    assert json.loads((tmp_path / "f.json").read_text())["faster"] == 1
+    for argv, message in (([one, "--variants", "a"], "--variants='a' is not allowed"),
+                          ([one, "--variants", "a,b"], "0 paired round"),
+                          ([str(tmp_path / "none"), "--variants", "a,b"], "does not exist"),
+                          ([one, "--variants", "a,a@base", "--resolve", "2"], "--resolve=2.0 is not allowed")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
