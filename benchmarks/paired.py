@@ -23,7 +23,8 @@ __all__ = ["ratios", "describe"]
 
 
 def _times(folder, variant):
-    """{round folder: steady epoch time} of one variant in one scenario folder of a launch."""
+    """{round folder: steady epoch time} of one variant in one scenario folder of a launch. Read from each run's
+    summary.json, not the launch's results.json, so that a launch cut short still counts its finished rounds."""
     out = {}
     for path in glob.glob(os.path.join(folder, glob.escape(variant), "r*", "summary.json")):
         with open(path) as fh:

@@ -583,9 +583,11 @@ def test_paired_ratios_pool_rounds_of_several_launches_and_size_the_rounds_a_dif
     assert figures["error"] == pytest.approx(spread / 2)
     assert figures["rounds_to_resolve"] == int(np.ceil((spread / 0.02) ** 2))
     # Ratios that scatter by 10% (log standard deviation) need about 40 rounds to resolve 2%, 4 times as many for 1%.
-    wide = describe(np.exp(np.random.default_rng(0).normal(0, 0.1, 400)))
-    assert 30 <= wide["rounds_to_resolve"] <= 50 and describe(np.exp(np.random.default_rng(0).normal(
-        0, 0.1, 400)), resolve=0.01)["rounds_to_resolve"] == pytest.approx(4 * wide["rounds_to_resolve"], rel=0.02)
+    scattered = np.exp(np.random.default_rng(0).normal(0, 0.1, 400))
+    wide = describe(scattered)
+    assert 30 <= wide["rounds_to_resolve"] <= 50
+    assert describe(scattered, resolve=0.01)["rounds_to_resolve"] == pytest.approx(4 * wide["rounds_to_resolve"],
+                                                                                  rel=0.02)
     assert main([one, two, "--variants", "a,a@base", "--json", str(tmp_path / "f.json")]) == 0
     assert "a / a@base over 4 rounds: median 1.050" in capsys.readouterr().out
     assert json.loads((tmp_path / "f.json").read_text())["faster"] == 1
