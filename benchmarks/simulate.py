@@ -52,7 +52,9 @@ knowledge. Reported per (N, profile, policy) (with
 steps after `--skip` (a variance-aware split learns which workers it
 forecasts worst): eta = (best possible step) / (step taken), as a
 fraction of the mean oracle's and of the tail oracle's too, the speedup
-over equal batches, and the decision cost per step. With a wide spread of speeds and many
+over equal batches, and the decision cost per step. `--decision-ms` has every rank report that CPU
+time per decision, so that the controller's budget sets a decision period as it does live (by default
+a decision at every step). With a wide spread of speeds and many
 workers, the slowest worker takes longer at b_min than the balanced step;
 such a step is "floor-bound" (any split that gives that worker b_min is as
 good as the oracle's), and the share of such steps is printed with the
@@ -332,6 +334,9 @@ def main(argv=None):
     parser.add_argument("--aggregate", type=int, default=10, help="recorded steps per simulated step")
     parser.add_argument("--steps-per-epoch", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decision-ms", type=float, default=0.0,
+                        help="CPU time every rank reports per decision (0: a decision at every step; more puts the "
+                             "decision period of the controller's budget to work)")
     parser.add_argument("--seeds", type=integers, help="comma-separated seeds, one cluster each, every policy on "
                                                        "every one: cells are then the median with [min-max] over the "
                                                        "seeds (overrides --seed)")
@@ -345,11 +350,12 @@ def main(argv=None):
     seeds = args.seeds or [args.seed]
     unknown = [p for p in names if p not in POLICY_VARIANTS] + [p for p in profiles if p not in PROFILES]
     if unknown or any(s < 1 for s in sizes) or args.steps < 20 or not 0 <= args.skip < args.steps - 10 \
-            or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0 or len(set(seeds)) < len(seeds):
+            or args.aggregate < 1 or args.steps_per_epoch < 1 or args.offset < 0 or len(set(seeds)) < len(seeds) \
+            or not 0 <= args.decision_ms < np.inf:
         parser.error(f"bad arguments: unknown policies or profiles {unknown}, sizes {sizes} (>= 1), steps "
                      f"{args.steps} (>= 20), skip {args.skip} (0 .. steps - 11), aggregate {args.aggregate} (>= 1), "
                      f"steps per epoch {args.steps_per_epoch} (>= 1), offset {args.offset} (>= 0), "
-                     f"seeds {seeds} (each once)")
+                     f"seeds {seeds} (each once), decision ms {args.decision_ms} (>= 0)")
     print(f"{'workers':>8} {'profile':<10} {'policy':<18} {'eta':>6} {'of mean-oracle':>15} {'of tail-oracle':>15} "
           f"{'speedup':>8} {'decision ms (median/p99)':>26}"
           + (f"   over seeds {seeds}: median [min-max]" if len(seeds) > 1 else ""))
@@ -365,7 +371,8 @@ def main(argv=None):
                       f"lag-1 autocorrelation {stats['lag1']:.2f}; floor-bound steps {100 * stats['floor']:.0f}%"
                       + (f" (seed {seed})" if len(seeds) > 1 else ""), flush=True)
                 runs = {name: simulate(cluster, *POLICY_VARIANTS[name], args.per_worker_batch * n,
-                                       steps_per_epoch=args.steps_per_epoch) for name in names}
+                                       steps_per_epoch=args.steps_per_epoch, decision_seconds=args.decision_ms / 1e3)
+                        for name in names}
                 _collect(figures, runs, args.skip)
             for name, f in figures.items():
                 etas[(n, profile, name)] = float(np.median(f["eta"]))

@@ -1,4 +1,5 @@
 """Benchmark machinery: scenarios, figures, curves and the oracle, the simulator, and a real short comparison."""
+import csv
 import json
 import os
 import re
@@ -595,6 +596,59 @@ def test_paired_ratios_pool_rounds_of_several_launches_and_size_the_rounds_a_dif
                           ([one, "--variants", "a,b"], "0 paired round"),
                           ([str(tmp_path / "none"), "--variants", "a,b"], "does not exist"),
                           ([one, "--variants", "a,a@base", "--resolve", "2"], "--resolve=2.0 is not allowed")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_simulator_puts_the_decision_period_to_work(capsys):
+    from benchmarks.simulate import drive, main
+
+    cluster = Cluster(4, 40, seed=0, profile="low-noise")
+    bounds = Bounds.of(4, 256, multiple=cluster.multiple)
+    runs = {ms: [b.copy() for b, _, _ in drive("lbbsp", "ema", np.full(20, 256), bounds, 40, cluster.compute_times,
+                                              decision_seconds=ms / 1e3)] for ms in (0.0, 1e3)}
+    moves = {ms: sum(bool(np.any(a != b)) for a, b in zip(r, r[1:])) for ms, r in runs.items()}
+    # A decision that takes a second holds the split for MAX_PERIOD steps, but for the steps that surprise the policy.
+    assert moves[0.0] > 4 * moves[1e3], moves
+    assert main(["--workers", "4", "--steps", "30", "--policies", "lbbsp-ema", "--decision-ms", "5"]) == 0
+    with pytest.raises(SystemExit):
+        main(["--workers", "4", "--decision-ms", "-1"])
+    assert "decision ms -1.0 (>= 0)" in capsys.readouterr().err
+
+
+def test_alike_replays_identical_workers_noise_through_the_decision(tmp_path, capsys):
+    from benchmarks.alike import fit_line, main, read_run
+
+    rng = np.random.default_rng(0)
+    fields = ["epoch", "batch_size", "compute", "decision"]
+
+    def run(variant, r, splits):
+        folder = tmp_path / "s" / variant / f"r{r}"
+        os.makedirs(folder)
+        noise = np.exp(rng.normal(0.0, 0.1, (len(splits), 2)))
+        for rank in (0, 1):
+            with open(folder / f"steps_rank{rank}.csv", "w", newline="") as f:
+                out = csv.writer(f)
+                out.writerow(fields)
+                for s, split in enumerate(splits):
+                    out.writerow([s // 16, split[rank], (0.005 + 0.00005 * split[rank]) * noise[s, rank], 0.002])
+
+    for r in range(3):
+        run("equal", r, [(128, 128)] * 48)
+        run("lbbsp-narx", r, [(96, 160), (160, 96), (128, 128)] * 16)
+    assert read_run(str(tmp_path / "s" / "equal" / "r0"))[2] == 16
+    fixed, per_sample = fit_line([read_run(str(tmp_path / "s" / "lbbsp-narx" / f"r{r}")) for r in range(3)])
+    assert fixed == pytest.approx(0.005, rel=0.2) and per_sample == pytest.approx(0.00005, rel=0.2)
+    assert main([str(tmp_path / "s"), "--policies", "equal,lbbsp-last", "--json", str(tmp_path / "a.json")]) is None
+    out = capsys.readouterr().out
+    assert "3 equal runs" in out and "2.00 ms per decision" in out
+    assert next(line for line in out.splitlines() if line.startswith("equal ")).split()[1:4] == ["1.0000"] * 3
+    figures = json.loads((tmp_path / "a.json").read_text())["policies"]["lbbsp-last"]
+    assert len(figures["ratios"]) == 3 and all(r > 0.9 for r in figures["ratios"])
+    for argv, message in (([str(tmp_path)], "none holds runs of the `equal` variant"),
+                          ([str(tmp_path / "s"), "--line", "5,-1"], "--line '5,-1' is not allowed"),
+                          ([str(tmp_path / "s"), "--policies", "oracle"], "policies ['oracle']")):
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err
