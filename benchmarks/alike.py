@@ -3,14 +3,15 @@
     python -m benchmarks.alike OUT/homogeneous-2-mlp [OUT2/homogeneous-2-mlp ...] --policies equal,lbbsp-narx
 
 Reads the per-step compute times of the `equal` runs of `benchmarks.compare` launches on identical workers:
-every worker ran the same batch, so a step's time over the line's says what that step's noise was. Worker i's
-time at batch b in replayed step s is then line(b) x noise[s, i], with the line t = fixed + per_sample x b
-fitted by least squares to the steps of the lbbsp runs in the same folders (whose batches moved) or given with
-`--line`. Each run's steady epochs (from the second on) are replayed through the controller
-(`benchmarks.simulate.drive`: the live code, the decision period set by `--decision-ms`, by default the median
-decision time the lbbsp runs reported). Deterministic, so a difference of a per cent shows, where paired live
-rounds resolve about four (docs/results.md). Printed per policy: the mean slowest compute over equal batches'
-on the same noise (mean, median and worst over the runs) and the share of steps off the equal split.
+every worker ran the same batch, so a step's time over the line's time at that batch is the step's noise.
+Worker i's time at batch b in replayed step s is then line(b) x noise[s, i], with the line t = fixed +
+per_sample x b fitted by least squares to the steps of the lbbsp runs in the same folders (whose batches
+moved) or given with `--line`. Each run's steady epochs (from the second on) are replayed through the
+controller (`benchmarks.simulate.drive`: the live code, the decision period set by `--decision-ms`, by
+default the median decision time the lbbsp runs reported). Deterministic: over 25 runs the mean is good to
+about 0.2% of the compute (the runs' scatter), where a live launch of paired rounds resolves 2-6%
+(docs/results.md). Printed per policy: the mean slowest compute over equal batches' on the same noise
+(mean, median and worst over the runs) and the share of steps off the equal split.
 """
 import argparse
 import csv
