@@ -37,7 +37,10 @@ def read_run(folder):
     paths = sorted(glob.glob(os.path.join(folder, "steps_rank*.csv")), key=lambda p: int(p[p.rindex("rank") + 4:-4]))
     if not paths:
         raise ValueError(f"{folder!r} is not allowed: it holds no steps_rank*.csv of a benchmarks.compare run")
-    rows = [list(csv.DictReader(open(path))) for path in paths]
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows.append(list(csv.DictReader(f)))
     steps = min(len(r) for r in rows)
     batches = np.array([[float(r[s]["batch_size"]) for r in rows] for s in range(steps)])
     compute = np.array([[float(r[s]["compute"]) for r in rows] for s in range(steps)])
@@ -90,11 +93,8 @@ def main(argv=None):
     if unknown or (args.decision_ms is not None and not 0 <= args.decision_ms < np.inf):
         parser.error(f"policies {unknown} or --decision-ms {args.decision_ms} are not allowed: give policies from "
                      f"{sorted(p for p in POLICY_VARIANTS if p not in ORACLES)} and milliseconds >= 0")
-    def runs(pattern):
-        return [path for folder in args.folders for path in sorted(glob.glob(os.path.join(folder, pattern, "r*")))
-                if "@" not in path]  # not a run of another checkout
-
-    equal, lbbsp = [read_run(path) for path in runs("equal")], [read_run(path) for path in runs("lbbsp*")]
+    equal = [read_run(path) for path in _runs(args.folders, "equal")]
+    lbbsp = [read_run(path) for path in _runs(args.folders, "lbbsp*")]
     if not equal:
         parser.error(f"folders {args.folders} are not allowed: none holds runs of the `equal` variant")
     try:
@@ -103,7 +103,7 @@ def main(argv=None):
             raise ValueError(f"--line {args.line!r} is not allowed: give FIXED_MS,PER_SAMPLE_MS, both > 0")
     except ValueError as exc:
         parser.error(str(exc))
-    decisions = [d for path in runs("lbbsp*") for d in _column(path, "decision") if d > 0]
+    decisions = [d for path in _runs(args.folders, "lbbsp*") for d in _column(path, "decision") if d > 0]
     decision_ms = args.decision_ms if args.decision_ms is not None else 1e3 * float(np.median(decisions)) \
         if decisions else 0.0
     print(f"{len(equal)} equal runs; line t = {1e3 * line[0]:.2f} ms + {1e3 * line[1]:.4f} ms per sample; "
@@ -112,14 +112,22 @@ def main(argv=None):
     figures = {}
     print(f"{'policy':<24} {'slowest / equal: mean':>22} {'median':>8} {'worst':>8} {'off equal':>10}")
     for policy in policies:
-        runs = [replay(run, line, policy, decision_ms / 1e3) for run in equal]
-        ratio = np.array([slowest for slowest, _ in runs]) / base
-        figures[policy] = {"ratios": ratio.tolist(), "off_equal": [off for _, off in runs]}
+        results = [replay(run, line, policy, decision_ms / 1e3) for run in equal]
+        ratio = np.array([slowest for slowest, _ in results]) / base
+        figures[policy] = {"ratios": ratio.tolist(), "off_equal": [off for _, off in results]}
         print(f"{policy:<24} {ratio.mean():>22.4f} {np.median(ratio):>8.4f} {ratio.max():>8.4f} "
-              f"{np.mean([off for _, off in runs]):>10.2f}")
+              f"{np.mean([off for _, off in results]):>10.2f}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"line": line, "decision_ms": decision_ms, "policies": figures}, out, indent=1)
+    return 0
+
+
+def _runs(folders, pattern):
+    """The run folders of the variants matching `pattern` in benchmarks.compare output `folders`, but those of
+    another checkout ("@base")."""
+    return [path for folder in folders for path in sorted(glob.glob(os.path.join(folder, pattern, "r*")))
+            if "@" not in path]
 
 
 def _column(folder, name):
@@ -128,4 +136,4 @@ def _column(folder, name):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -640,7 +640,7 @@ def test_alike_replays_identical_workers_noise_through_the_decision(tmp_path, ca
     assert read_run(str(tmp_path / "s" / "equal" / "r0"))[2] == 16
     fixed, per_sample = fit_line([read_run(str(tmp_path / "s" / "lbbsp-narx" / f"r{r}")) for r in range(3)])
     assert fixed == pytest.approx(0.005, rel=0.2) and per_sample == pytest.approx(0.00005, rel=0.2)
-    assert main([str(tmp_path / "s"), "--policies", "equal,lbbsp-last", "--json", str(tmp_path / "a.json")]) is None
+    assert main([str(tmp_path / "s"), "--policies", "equal,lbbsp-last", "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     assert "3 equal runs" in out and "2.00 ms per decision" in out
     assert next(line for line in out.splitlines() if line.startswith("equal ")).split()[1:4] == ["1.0000"] * 3
