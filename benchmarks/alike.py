@@ -24,8 +24,7 @@ import numpy as np
 
 from lbbsp.allocation import Bounds, default_multiple
 
-from .ablation import ABLATIONS
-from .simulate import POLICY_VARIANTS, drive
+from .simulate import POLICY_VARIANTS, _policy, drive
 
 __all__ = ["read_run", "fit_line", "replay", "main"]
 
@@ -69,8 +68,8 @@ def replay(run, line, policy, decision_seconds):
     noise = compute[per_epoch:] / (fixed + per_sample * batches[per_epoch:])
     total, n = int(batches[0].sum()), batches.shape[1]
     bounds = Bounds.of(n, total, multiple=default_multiple(total, n))
-    name = ABLATIONS[policy][1]() if policy in ABLATIONS else POLICY_VARIANTS[policy][0]
-    steps = drive(name, POLICY_VARIANTS[policy][1], np.full(per_epoch, total), bounds, len(noise),
+    name, predictor = POLICY_VARIANTS[policy]
+    steps = drive(_policy(name, None, 2), predictor, np.full(per_epoch, total), bounds, len(noise),
                   lambda s, b: (fixed + per_sample * b) * noise[s], decision_seconds=decision_seconds)
     slowest, off = zip(*((t.max(), bool(np.any(b != b[0]))) for b, t, _ in steps))
     return float(np.mean(slowest)), float(np.mean(off))
@@ -94,18 +93,22 @@ def main(argv=None):
         parser.error(f"policies {unknown} or --decision-ms {args.decision_ms} are not allowed: give policies from "
                      f"{sorted(p for p in POLICY_VARIANTS if p not in ORACLES)} and milliseconds >= 0")
     equal = [read_run(path) for path in _runs(args.folders, "equal")]
-    lbbsp = [read_run(path) for path in _runs(args.folders, "lbbsp*")]
+    lbbsp = _runs(args.folders, "lbbsp*")  # their steps give the line, their rows the decision time
     if not equal:
         parser.error(f"folders {args.folders} are not allowed: none holds runs of the `equal` variant")
     try:
-        line = tuple(float(v) / 1e3 for v in args.line.split(",")) if args.line else fit_line(lbbsp)
+        if args.line:
+            line = tuple(float(v) / 1e3 for v in args.line.split(","))
+        else:
+            line = fit_line([read_run(path) for path in lbbsp])
         if len(line) != 2 or not all(np.isfinite(line)) or min(line) <= 0:
             raise ValueError(f"--line {args.line!r} is not allowed: give FIXED_MS,PER_SAMPLE_MS, both > 0")
     except ValueError as exc:
         parser.error(str(exc))
-    decisions = [d for path in _runs(args.folders, "lbbsp*") for d in _column(path, "decision") if d > 0]
-    decision_ms = args.decision_ms if args.decision_ms is not None else 1e3 * float(np.median(decisions)) \
-        if decisions else 0.0
+    decision_ms = args.decision_ms
+    if decision_ms is None:
+        decisions = [d for path in lbbsp for d in _column(path, "decision") if d > 0]
+        decision_ms = 1e3 * float(np.median(decisions)) if decisions else 0.0
     print(f"{len(equal)} equal runs; line t = {1e3 * line[0]:.2f} ms + {1e3 * line[1]:.4f} ms per sample; "
           f"{decision_ms:.2f} ms per decision")
     base = [replay(run, line, "equal", 0.0)[0] for run in equal]
