@@ -46,6 +46,10 @@ class _NoSetupCost(LBBSPPolicy):
         return 0.0
 
 
+class _UnpooledModel(StepTimeModel):
+    POOL_FROM = np.inf
+
+
 class _FloorlessModel(StepTimeModel):
     def _update(self, b, t, new):
         super()._update(b, t, new)
@@ -66,6 +70,7 @@ ABLATIONS = {
     "abl-normal": ("the tails' scale (TAIL_SCALE = 1: normal tails)", _NormalTail, "narx"),
     "abl-spread50": ("the tail spread's 200-step memory and its debiasing (50 steps from zero)", _Spread50, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
+    "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),
     "abl-nochange": ("speed-change detection (every test against noise: change, floor, costly first visit)",
