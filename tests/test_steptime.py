@@ -40,8 +40,9 @@ def test_fixed_cost_is_identified_once_the_batch_varies():
 
 
 def test_from_three_fits_on_a_worker_without_one_takes_their_pooled_fixed_cost():
-    # Workers of one model have about the same k: a worker whose batch never moved (on GPUs, one held on its
-    # floor) is planned with the others' pooled k instead of the prior 0 (docs/method.md).
+    # Workers of one model have about the same k: a worker without a fit of its own (here its batch never moved;
+    # on GPUs, one on its floor, whose fits are too noisy to take alone) is planned with the others' pooled k
+    # instead of the prior 0 (docs/method.md).
     v, k = np.array([1000.0, 800.0, 600.0, 900.0]), np.full(4, 20.0)
     moves = [[64, 64, 64, 64], [80, 72, 56, 64], [100, 60, 40, 64], [90, 84, 30, 64], [64, 50, 70, 64],
              [72, 90, 48, 64]]
