@@ -341,6 +341,17 @@ def test_co_tenant_gpus_buy_no_shapes_on_the_tails_pessimism():
     assert cell["lbbsp-narx"][1] == 0 and cell["lbbsp-narx"][0] <= 1.01 * cell["equal"][0], cell
 
 
+def test_warmed_gpus_on_their_floor_beside_co_tenants_stay_at_equal_batches_time():
+    # 16 ResNet-50 GPUs at 32 each (on the floor) with every shape set up before the run, co-located jobs
+    # coming and going: a GPU on its floor seldom has a fit of k precise enough to take alone, and with k = 0
+    # its floor's noise read as speed and moved the split (1.07 of equal batches' time here; 1.14-1.19 at 64
+    # GPUs). With the others' fits pooled it is planned with their k.
+    from benchmarks.gpusim import run_cell
+
+    cell = run_cell(16, "cotenants", 32, 300, 150, policies=("equal", "lbbsp-narx"), warm=True)
+    assert cell["lbbsp-narx"][0] <= 1.015 * cell["equal"][0], cell
+
+
 def test_co_tenant_gpus_whose_decisions_are_held_still_buy_no_shapes():
     # The same with 3 ms decisions: the decision budget holds each split for several steps, and the forgone
     # saving that pays for set-ups accrues per step elapsed, not per step the coming period holds (crediting the
