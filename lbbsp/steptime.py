@@ -4,7 +4,7 @@ With the fixed cost k_i written in samples, the batch-free speed (b + k_i) / t
 depends on the worker, not on the batch the balancer gave it: contention moves
 v_i, the split moves b. v_i is the last measurement above the floor; k_i an
 instrumental-variables fit over consecutive steps (the batch change is the
-instrument), pooled across workers by empirical Bayes; f_i, on GPU workers,
+instrument), pooled across GPU workers by empirical Bayes; f_i, on GPU workers,
 the time of a step whose batch fell without its time (a kernel-launch floor;
 a CPU step shrinks to its fixed cost); a step far off its prediction beyond noise
 is a speed change; the first step at a new batch shape measures its set-up.
@@ -45,8 +45,8 @@ class StepTimeParams:
 
     forgetting: float = 0.98  # weight of the past per step in the fixed cost's sums (memory ~ 50 steps)
     min_spread: float = 0.05  # rms batch change between steps, relative to the batch, below which k is not fitted
-    max_error: float = 0.25  # with fewer than three fits to pool, a fit of k is taken alone when its standard
-    # error is below this fraction of the batch
+    max_error: float = 0.25  # a fit of k is taken alone (on CPU workers, or with fewer than three GPU fits to pool)
+    # when its standard error is below this fraction of the batch
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
     offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
     change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change, and a
@@ -89,7 +89,7 @@ class StepTimeModel:
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
                   "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0}
 
-    #: Fits of k from which they are pooled (shrinkage pays from three estimates on).
+    #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
     POOL_FROM = 3
     #: Consecutive steps that must agree on a speed before it is the worker's level: with two, among hundreds of
     #: GPUs some GPU's level is a run of stray slow steps at nearly every step (docs/gpu.md).
@@ -249,10 +249,12 @@ class StepTimeModel:
         three_pairs = 1.0 + p.forgetting + p.forgetting ** 2  # one or two moved pairs leave no residual
         fit = (moved >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
             (np.sqrt(szz / sbb) >= p.min_spread)
-        if np.count_nonzero(fit) >= self.POOL_FROM:
+        if self.gpu and np.count_nonzero(fit) >= self.POOL_FROM:
             # Workers that train the same model have about the same k: each fit is pulled towards the
             # precision-weighted mean of the fits by the share of its own error in the spread between workers
-            # (empirical Bayes); a worker without a fit takes the mean.
+            # (empirical Bayes); a worker without a fit takes the mean. On GPUs only: a GPU on its floor seldom
+            # has a fit precise enough to take alone, and with k = 0 its floor's noise reads as speed; CPU
+            # workers have no floor, and there pooling moved nothing by a point (docs/ablation.md).
             variance = error[fit] ** 2
             center = float(np.sum(k[fit] / variance) / np.sum(1.0 / variance))
             between = max(float(np.var(k[fit]) - np.mean(variance)), 0.0)

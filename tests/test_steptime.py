@@ -39,21 +39,24 @@ def test_fixed_cost_is_identified_once_the_batch_varies():
     np.testing.assert_allclose(m.predict([10, 10]), (k + 10) / v, rtol=1e-6)
 
 
-def test_from_three_fits_on_a_worker_without_one_takes_their_pooled_fixed_cost():
+def test_from_three_fits_on_a_gpu_without_one_takes_their_pooled_fixed_cost():
     # Workers of one model have about the same k: a worker without a fit of its own (here its batch never moved;
     # on GPUs, one on its floor, whose fits are too noisy to take alone) is planned with the others' pooled k
     # instead of the prior 0 (docs/method.md).
     v, k = np.array([1000.0, 800.0, 600.0, 900.0]), np.full(4, 20.0)
     moves = [[64, 64, 64, 64], [80, 72, 56, 64], [100, 60, 40, 64], [90, 84, 30, 64], [64, 50, 70, 64],
              [72, 90, 48, 64]]
-    m = model(4)
+    m = model(4, gpu=True)
     feed(m, [row[:2] + [64, 64] for row in moves], v, k, noise=0.002)  # two fits: nothing to pool
     assert m.identified[:2].all() and not m.identified[2:].any() and np.allclose(m.offsets[2:], 0.0)
-    m = model(4)
+    m = model(4, gpu=True)
     feed(m, moves, v, k, noise=0.002)
     assert m.identified[:3].all() and not m.identified[3]
     assert m.offsets[3] == pytest.approx(20.0, rel=0.05)
     np.testing.assert_allclose(m.offsets[:3], 20.0, rtol=0.05)
+    m = model(4)  # CPU workers: each fit alone
+    feed(m, moves, v, k, noise=0.002)
+    assert m.identified[:3].all() and not m.identified[3] and m.offsets[3] == 0.0
 
 
 def test_one_moved_pair_fits_nothing():
