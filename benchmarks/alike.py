@@ -14,7 +14,6 @@ about 0.2% of the compute (the runs' scatter), where a live launch of paired rou
 (mean, median and worst over the runs) and the share of steps off the equal split.
 """
 import argparse
-import csv
 import glob
 import json
 import os
@@ -24,6 +23,7 @@ import numpy as np
 
 from lbbsp.allocation import Bounds, default_multiple
 
+from .replay import load_run
 from .simulate import POLICY_VARIANTS, _policy, drive
 
 __all__ = ["read_run", "fit_line", "replay", "main"]
@@ -33,18 +33,12 @@ ORACLES = ("oracle", "mean-oracle", "lagged-mean-oracle", "tail-oracle")
 
 def read_run(folder):
     """(batches, compute seconds, steps per epoch) of one run folder: (steps, workers) arrays from its step CSVs."""
-    paths = sorted(glob.glob(os.path.join(folder, "steps_rank*.csv")), key=lambda p: int(p[p.rindex("rank") + 4:-4]))
-    if not paths:
-        raise ValueError(f"{folder!r} is not allowed: it holds no steps_rank*.csv of a benchmarks.compare run")
-    rows = []
-    for path in paths:
-        with open(path) as f:
-            rows.append(list(csv.DictReader(f)))
-    steps = min(len(r) for r in rows)
-    batches = np.array([[float(r[s]["batch_size"]) for r in rows] for s in range(steps)])
-    compute = np.array([[float(r[s]["compute"]) for r in rows] for s in range(steps)])
-    per_epoch = sum(1 for row in rows[0] if int(row["epoch"]) == 0)
-    return batches, compute, per_epoch
+    return _arrays(load_run(folder))
+
+
+def _arrays(run):
+    """read_run's triple from benchmarks.replay.load_run's columns."""
+    return run["batch_size"], run["compute"], int(np.count_nonzero(run["epoch"][:, 0] == 0))
 
 
 def fit_line(runs):
@@ -93,21 +87,21 @@ def main(argv=None):
         parser.error(f"policies {unknown} or --decision-ms {args.decision_ms} are not allowed: give policies from "
                      f"{sorted(p for p in POLICY_VARIANTS if p not in ORACLES)} and milliseconds >= 0")
     equal = [read_run(path) for path in _runs(args.folders, "equal")]
-    lbbsp = _runs(args.folders, "lbbsp*")  # their steps give the line, their rows the decision time
+    lbbsp = [load_run(path) for path in _runs(args.folders, "lbbsp*")]  # steps give the line, rows the decision time
     if not equal:
         parser.error(f"folders {args.folders} are not allowed: none holds runs of the `equal` variant")
     try:
         if args.line:
             line = tuple(float(v) / 1e3 for v in args.line.split(","))
         else:
-            line = fit_line([read_run(path) for path in lbbsp])
+            line = fit_line([_arrays(run) for run in lbbsp])
         if len(line) != 2 or not all(np.isfinite(line)) or min(line) <= 0:
             raise ValueError(f"--line {args.line!r} is not allowed: give FIXED_MS,PER_SAMPLE_MS, both > 0")
     except ValueError as exc:
         parser.error(str(exc))
     decision_ms = args.decision_ms
     if decision_ms is None:
-        decisions = [d for path in lbbsp for d in _column(path, "decision") if d > 0]
+        decisions = [d for run in lbbsp for d in run["decision"][:, 0] if d > 0]
         decision_ms = 1e3 * float(np.median(decisions)) if decisions else 0.0
     print(f"{len(equal)} equal runs; line t = {1e3 * line[0]:.2f} ms + {1e3 * line[1]:.4f} ms per sample; "
           f"{decision_ms:.2f} ms per decision")
@@ -131,11 +125,6 @@ def _runs(folders, pattern):
     another checkout ("@base")."""
     return [path for folder in folders for path in sorted(glob.glob(os.path.join(folder, pattern, "r*")))
             if "@" not in path]
-
-
-def _column(folder, name):
-    with open(os.path.join(folder, "steps_rank0.csv")) as f:
-        return [float(row[name]) for row in csv.DictReader(f)]
 
 
 if __name__ == "__main__":

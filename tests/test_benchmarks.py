@@ -632,7 +632,7 @@ def test_alike_replays_identical_workers_noise_through_the_decision(tmp_path, ca
     from benchmarks.alike import fit_line, main, read_run
 
     rng = np.random.default_rng(0)
-    fields = ["epoch", "batch_size", "compute", "decision"]
+    fields = ["epoch", "step", "global_batch", "batch_size", "forecast", "compute", "decision"]
 
     def run(variant, r, splits):
         folder = tmp_path / "s" / variant / f"r{r}"
@@ -643,7 +643,8 @@ def test_alike_replays_identical_workers_noise_through_the_decision(tmp_path, ca
                 out = csv.writer(f)
                 out.writerow(fields)
                 for s, split in enumerate(splits):
-                    out.writerow([s // 16, split[rank], (0.005 + 0.00005 * split[rank]) * noise[s, rank], 0.002])
+                    out.writerow([s // 16, s % 16, sum(split), split[rank], "nan",
+                                  (0.005 + 0.00005 * split[rank]) * noise[s, rank], 0.002])
 
     for r in range(3):
         run("equal", r, [(128, 128)] * 48)
