@@ -1,19 +1,10 @@
-"""The global per-step decision of load-balanced BSP, without Keras (the balancer, the simulator and the replay
-drive it).
+"""The per-step decision of load-balanced BSP without Keras (the balancer, the simulator and the replay drive it).
 
-Every rank holds one BalanceController and feeds it the same gathered rows
-(lbbsp.exchange), so every rank arrives at the same batch sizes. The rows of
-step t decide the split of step t + 1 + plan_ahead: with plan_ahead = 1 (the
-default) the decision is computed while step t + 1 runs, off the critical
-path, and the data for a step is known a whole step before it starts. A
-decision is published as a `Plan`, an immutable snapshot of everything the
-train thread needs for that step.
-
-A decision costs CPU beside the step, more with more workers. Where it
-would take more than `budget` of the workers' compute time, decisions are
-made every `period` steps, the split holding in between; the period follows
-from the gathered rows (each rank reports its decision's CPU time), so every
-rank sets the same one.
+Every rank feeds its BalanceController the same gathered rows (lbbsp.exchange) and reaches the same split. The
+rows of step t decide step t + 1 + plan_ahead, so with plan_ahead = 1 the decision runs while step t + 1 does,
+off the critical path. A decision is published as a `Plan`, an immutable snapshot of what the train thread
+needs. Where a decision would take more than `budget` of the workers' compute time, decisions are made every
+`period` steps, set from the gathered rows, so alike on every rank.
 """
 import dataclasses
 import logging
@@ -49,9 +40,8 @@ def _frozen(values, dtype):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The split of step (epoch, step), with what the train thread needs to run it: each worker's fixed cost
-    in samples (which turns its timing into its batch-free speed), the split's digest, and the CPU seconds of
-    this rank's latest decision when the plan was made (what the rank reports in its rows)."""
+    """The split of step (epoch, step) with what the train thread needs: each worker's fixed cost in samples (for
+    its batch-free speed), the split's digest, and the CPU seconds of this rank's latest decision."""
 
     epoch: int
     step: int
@@ -147,9 +137,8 @@ class BalanceController:
         return self._plan(key, decided), stats
 
     def period(self, costs, compute):
-        """Steps the split decided now holds: 1 while the ranks' median decision CPU time `costs` is within
-        `budget` of the workers' median `compute` time, else the power of two that brings it within (at most
-        MAX_PERIOD). Only gathered numbers enter, so every rank finds the same period."""
+        """Steps the split decided now holds: 1 while the ranks' median decision CPU time `costs` is within `budget`
+        of the median `compute` time, else the power of two that brings it within (at most MAX_PERIOD)."""
         cost, step = float(np.median(costs)), float(np.median(compute))
         period = 1
         if self.budget is not None and cost > self.budget * step > 0:  # NaN anywhere: every step
@@ -164,9 +153,8 @@ class BalanceController:
         return period
 
     def _guarded(self, decide, *args, fallback=None):
-        """A policy that raises keeps its split (resized to the global batch `args[-1]`; a call that answers
-        something else gives `fallback`): training goes on, with one warning. A deterministic failure fails
-        alike on every rank; one that is not shows in the digests and is resynced."""
+        """A policy that raises keeps its split (resized to the global batch `args[-1]`), or gives `fallback`;
+        training goes on, with one warning. A failure that differs between ranks shows in the digests."""
         try:
             return decide(*args)
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training

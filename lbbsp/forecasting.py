@@ -1,9 +1,7 @@
-"""One worker's forecast of its next batch-free speed, guarded so that it never fails a training step.
+"""One worker's forecast of its next batch-free speed (b + k) / t, guarded so that it never fails a step.
 
-Used as is by the Keras callback (one per rank) and by the simulator (one per simulated worker). The
-predictor sees the batch-free speed (b + k) / t, which does not depend on the batch the balancer chose. A
-forecast runs on the step's critical path, so where the predictor costs more than `budget` of the worker's
-compute time the worker forecasts its last measured speed instead (docs/method.md, section 2).
+A forecast runs on the step's critical path: where the predictor costs more than `budget` of the worker's
+compute time, the worker forecasts its last measured speed instead (docs/method.md, section 2).
 """
 import collections
 import logging
@@ -40,13 +38,12 @@ def check_budget(budget, name="forecast_budget"):
 class Forecaster:
     """Runs a `predictor.SpeedPredictor` on one worker's batch-free speeds; never raises, never returns junk.
 
-    An exception, a forecast that is NaN, inf or <= 0, or one more than `absurd` times outside the speeds this
-    worker ever measured is replaced by the last good forecast, with one warning per kind of failure. The
-    predictor's cost is the larger of its median wall time and its median CPU time over the worker's share
-    of a core (a CFS quota stretches CPU into wall time), the machine readings it needs included; over
-    `budget` times the worker's median compute time, the forecast is the last measured speed and the
-    predictor is re-timed every `probe_every` steps (`budget=None`: always run it). Each rank decides this
-    from its own clock; the decision reads only the gathered forecasts, so ranks cannot disagree.
+    An exception, or a forecast that is not a positive number or lies `absurd` times outside the speeds
+    measured, gives the last good forecast (one warning per kind). The predictor's cost (with the readings it
+    needs) is the larger of its median wall time and its median CPU time over the worker's share of a core;
+    over `budget` of the median compute time, the forecast is the last speed and the predictor is re-timed
+    every `probe_every` steps (`budget=None`: always run it). Only the gathered forecasts enter the decision,
+    so a rank's own clock cannot make ranks disagree.
     """
 
     def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,

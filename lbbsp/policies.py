@@ -1,10 +1,7 @@
-"""Batch-size policies: how the next step's per-worker batch sizes follow from what was measured.
+"""Batch-size policies: the next step's per-worker batch sizes from the gathered measurements (`StepStats`).
 
-A policy is framework-free and deterministic: the callback (on every rank) and
-the simulator feed it the same gathered per-worker numbers, a `StepStats`, and
-it answers with integer batch sizes that sum to the global batch. Every rank
-therefore reaches the same decision. LB-BSP (`LBBSPPolicy`) is lbbsp's; the
-others are the baselines it is measured against.
+Framework-free and deterministic: every rank feeds the same numbers and reaches the same integer split.
+`LBBSPPolicy` is lbbsp's; the others are the baselines it is measured against.
 """
 import dataclasses
 
@@ -20,12 +17,9 @@ __all__ = ["StepStats", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy", 
 
 @dataclasses.dataclass(frozen=True)
 class StepStats:
-    """What every worker measured in one step, gathered from all ranks (arrays of length N).
-
-    `step` counts steps from the start of training; `target` is the step whose split is being decided;
-    `horizon` the steps from it to the end of its epoch (None: not known); `elapsed` the steps since the previous
-    decision, which the measured step stands for (1 where every step is decided, more between the decisions of
-    lbbsp.controller's period; 0: no decision is made from this step).
+    """What every worker measured in one step (arrays of length N). `step`: steps since training began;
+    `target`: the step being decided; `horizon`: steps from it to its epoch's end (None: unknown); `elapsed`:
+    steps since the previous decision, which the measured step stands for (0: no decision from this step).
     """
 
     step: int
@@ -240,14 +234,12 @@ class PIDPolicy(Policy):
 
 
 class LBBSPPolicy(Policy):
-    """LB-BSP: the split that minimises the predicted slowest finish, taken where it pays (docs/method.md).
+    """LB-BSP: the min-max split of the predicted step times, taken where it pays (docs/method.md).
 
-    Every rank fits the same step-time model (lbbsp.steptime) from the gathered (batch, compute time) pairs;
-    each worker is planned at its forecast or its last measured speed, whichever has lately been closer; the
-    min-max split (lbbsp.allocation.split) balances those speeds or, chosen in hindsight, their tails. It is
-    taken when it shortens the predicted step by more than `min_gain` and any new batch shapes it needs pay
-    for their set-up within the `horizon` (steps; None: the rest of the epoch). `model`: StepTimeParams or a
-    dict of its fields.
+    Each worker is planned at its forecast or its last speed, whichever has lately been closer; the split
+    balances those speeds or, chosen in hindsight, their tails; it is taken when it saves more than `min_gain`
+    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
+    `model`: StepTimeParams or a dict of its fields.
     """
 
     name = "lbbsp"
@@ -255,13 +247,11 @@ class LBBSPPolicy(Policy):
     PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan}
     #: Weight of the newest step in the running |log error| that picks forecast or last speed for each worker.
     SCORE_RATE = 0.1
-    #: Weight of the newest step in a worker's running squared planning error (the tail's spread). Which workers
-    #: are erratic is a lasting property of their hardware and neighbours: a memory of about 200 steps ranks them
-    #: by it, not by the few stray steps of the last 50. The mean is divided by the weight it has had, so that it
-    #: does not start low.
+    #: Weight of the newest step in a worker's running squared planning error (the tail's spread): which workers
+    #: are erratic lasts, so a memory of about 200 steps, debiased by the weight the mean has had.
     SPREAD_RATE = 0.005
     #: The tail split plans each worker TAIL_SCALE sqrt(2 ln N) spreads slow: a normal's largest of N draws,
-    #: scaled for step-time noise, whose tails are heavier than a normal's (kurtosis 2-17 in the recorded traces).
+    #: scaled for step-time noise's heavier tails.
     TAIL_SCALE = 1.25
     #: Weight of the newest step in the running log ratio of the tail's step time to the mean's, and the margin
     #: that ratio must pass to switch (a switch moves the split: not worth it for a hair).
@@ -291,11 +281,10 @@ class LBBSPPolicy(Policy):
             self.model.seen(np.full(self.num_workers, int(shape)))
 
     def curves(self, forecast, batches=None, compute=None):
-        """(speeds, offsets, floors) to plan with: for each worker, its forecast where that has lately been closer
-        to the speeds it then measured than its last measured speed (scored on every step, whichever was used),
-        else the last measured speed. `batches`, `compute`: the step just measured, which also scores the
-        planning error: the step time the previous curves predicted over the time measured (a time, so that a
-        refitted fixed cost, which changes what a speed means, is not taken for an error)."""
+        """(speeds, offsets, floors) to plan with: each worker's forecast where it has lately been closer than its
+        last speed (both scored every step), else its last speed. `batches`, `compute`: the step just measured,
+        which also scores the planning error as predicted over measured time (a time: a refitted fixed cost
+        changes what a speed means)."""
         forecast = np.asarray(forecast, dtype=np.float64)
         last, measured = self.model.speeds, self.model.measured
         with np.errstate(all="ignore"):
@@ -329,16 +318,14 @@ class LBBSPPolicy(Policy):
         return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.planning_spread2))
 
     def _choose(self, stats, curves):
-        """The split balancing the planned speeds, or their tails (`tail`), whichever has lately been faster: both
-        are proposed for every step and scored once it is measured; the choice moves where the running log ratio
-        passes TAIL_MARGIN."""
+        """The split balancing the planned speeds or their tails, whichever has lately been faster: both are
+        proposed for every step and scored once it is measured; the choice moves past TAIL_MARGIN."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
         tail = self.tail(speeds)
         splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
         measured = self.model.measured
-        # The proposals in force in the measured step: the latest made for it or before (a split holds between
-        # decisions).
+        # The proposals in force in the measured step: the latest made for it or before.
         due = [step for step in self._proposals if step <= stats.step]
         proposed = self._proposals[max(due)] if due else None
         if proposed is not None and proposed.shape == splits.shape and np.isfinite(measured).all():
@@ -366,9 +353,7 @@ class LBBSPPolicy(Policy):
 
     def _saving(self, split_, curves):
         """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
-        it can move: one held at its lower bound in both splits takes as long whatever the split, and where it is
-        the slowest, the split that balances the others (as `split` does among equally fast splits) keeps them
-        clear of it as their speeds drift."""
+        it can move (one at its lower bound in both splits takes as long whatever the split)."""
         times, after = step_times(self.batches, *curves), step_times(split_, *curves)
         lower, _, q = self.bounds.grid(int(self.batches.sum()))
         free = (self.batches > lower * q) | (split_ > lower * q)
@@ -376,14 +361,11 @@ class LBBSPPolicy(Policy):
 
     def _move(self, target, mean, stats):
         """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new
-        batch shape. A move that does is taken once it pays for their set-up (one worker's cost: done in
-        parallel) twice: from the saving forgone while the move stayed worth making (ski rental) and from the
-        saving over the horizon (capped by how long the slowest worker's speed is expected to hold); the measured
-        step stands for the `stats.elapsed` steps since the previous decision. Both savings are predicted at
-        `mean`, the curves at the planned speeds: the tail split's margin against noisy workers says where to
-        split, not how much a move saves. Where the set-up costs more than a step, the move is one for many
-        steps: the split and both savings come from the workers' speed levels, which a stray step does not move,
-        and until it is bought a split already set up is taken where it pays (`_free`)."""
+        batch shape. One that does is taken once its set-up (done in parallel) is paid twice: by the saving forgone
+        while the move stayed worth making (ski rental), and by the saving over the horizon (at most as long as the
+        slowest worker's speed is expected to hold). Savings are at the planned (`mean`) speeds, not the tails.
+        A move whose set-up costs more than a step is split and valued at the speed levels, and until it is
+        bought, a split already set up is taken where it pays (`_free`)."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
@@ -397,8 +379,8 @@ class LBBSPPolicy(Policy):
             return target if saving > self.min_gain * times.max() else None
         if not lasting:  # a lasting move's are at `mean` already
             times, saving = self._saving(target, mean)
-        # The move stays worth making while the previous decision's proposal would still save more than min_gain of
-        # the step (a worker's noisy step moves the best split, not the worth of moving).
+        # Still worth making while the previous proposal would save more than min_gain (noise moves the best
+        # split, not the worth of moving).
         same = self._proposal is not None and self._saving(self._proposal, mean)[1] > self.min_gain * times.max()
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
@@ -409,9 +391,8 @@ class LBBSPPolicy(Policy):
         return self._free(mean, times.max()) if lasting else None
 
     def _free(self, curves, now):
-        """The equal split (set up from the start) or the last split bought, whichever saves more at `curves`, where
-        every worker has set its shapes up and it saves more than min_gain of the step `now`: a split bought for
-        workers that have since changed (co-tenants gone) may be slower than either, and moving costs nothing."""
+        """The equal split or the last split bought, whichever saves more at `curves`, where every worker has its
+        shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
         total = int(self.batches.sum())
         free = [s for s in (self._split(np.ones(self.num_workers), total), self._bought)
                 if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]

@@ -1,16 +1,11 @@
 """Online per-worker step-time model t_i(b) = max(f_i, (k_i + b) / v_i) (numpy only; one instance, all workers).
 
-With the fixed cost k_i written in samples, the batch-free speed (b + k_i) / t
-depends on the worker, not on the batch the balancer gave it: contention moves
-v_i, the split moves b. v_i is the last measurement above the floor; k_i an
-instrumental-variables fit over consecutive steps (the batch change is the
-instrument), pooled across GPU workers by empirical Bayes; f_i, on GPU workers,
-the time of a step whose batch fell without its time (a kernel-launch floor;
-a CPU step shrinks to its fixed cost); a step far off its prediction beyond noise
-is a speed change; the first step at a new batch shape measures its set-up.
-docs/method.md, section 1, gives the reasons and the figures. Fitted on every
-rank from the gathered (batch, compute time) of every worker, so all ranks
-hold the same numbers; per-worker state is declared in `PER_WORKER`.
+v_i is the batch-free speed (k_i + b) / t of the worker's last step above its floor: contention moves v_i,
+the split moves b. k_i (the fixed cost in samples) is an instrumental-variables fit over consecutive steps,
+pooled across GPU workers by empirical Bayes; f_i, on GPU workers only, a kernel-launch floor: the time of a
+step whose batch fell without its time. A step far off its prediction beyond noise is a speed change; the
+first step at a new batch shape measures its set-up. Every rank fits the same gathered numbers, so all hold
+the same model (docs/method.md, section 1).
 """
 import dataclasses
 import math
@@ -21,8 +16,7 @@ from .allocation import step_times
 
 __all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST"]
 
-#: Seconds a new batch shape is taken to cost on a GPU worker until one was measured (cuDNN autotunes a
-#: ResNet-50's convolutions in 3.0-5.5 s on an H200; lbbsp's ski-rental rule then waits this long of saving).
+#: Seconds a new batch shape is taken to cost on a GPU worker until one is measured (cuDNN autotuning).
 GPU_SHAPE_COST = 4.0
 
 
@@ -31,43 +25,40 @@ def batch_free_speed(batch, compute, offset=0.0):
     return (batch + offset) / compute if compute > 0 and math.isfinite(compute) else math.nan
 
 
-#: (low, high, low open, high open) of every parameter of StepTimeParams.
-_RANGES = {"forgetting": (0.0, 1.0, True, True), "min_spread": (0.0, 1.0, True, False),
-           "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
-           "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
-           "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
-           "change_memory": (1.0, math.inf, False, True)}
-
-
 @dataclasses.dataclass(frozen=True)
 class StepTimeParams:
     """The step-time model's parameters, each with its meaning (checked on construction)."""
 
     forgetting: float = 0.98  # weight of the past per step in the fixed cost's sums (memory ~ 50 steps)
     min_spread: float = 0.05  # rms batch change between steps, relative to the batch, below which k is not fitted
-    max_error: float = 0.25  # a fit of k is taken alone (on CPU workers, or with fewer than three GPU fits to pool)
-    # when its standard error is below this fraction of the batch
+    max_error: float = 0.25  # a fit of k taken alone (CPU workers, or under three GPU fits) needs its standard
+    # error below this fraction of the batch
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
     offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
-    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change, and a
-    # speed level (three consecutive steps agreeing) that moves by more than this is a change of level
+    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change; a
+    # speed level that moves by more than this is a change of level
     sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
     noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
-    shape_cost: float = None  # seconds a new batch shape is taken to cost until one was measured (None: 0 on
-    # CPU workers, GPU_SHAPE_COST where a worker trains on a GPU: oneDNN sets a shape up in milliseconds, cuDNN
-    # autotuning takes seconds)
+    shape_cost: float = None  # seconds a new batch shape costs until one is measured (None: 0 on CPU workers,
+    # GPU_SHAPE_COST on GPU workers)
     change_memory: float = 100.0  # steps over which a worker's rate of speed changes is averaged
 
+    #: (low, high, low open, high open) of every numeric parameter; shape_cost may also be None.
+    RANGES = {"forgetting": (0.0, 1.0, True, True), "min_spread": (0.0, 1.0, True, False),
+              "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
+              "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
+              "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
+              "shape_cost": (0.0, math.inf, False, True), "change_memory": (1.0, math.inf, False, True)}
+
     def __post_init__(self):
-        if self.shape_cost is not None and not (isinstance(self.shape_cost, (int, float)) and
-                                                not isinstance(self.shape_cost, bool) and 0 <= self.shape_cost < math.inf):
-            raise ValueError(f"shape_cost={self.shape_cost!r} is not allowed: give seconds >= 0, or None (by device)")
-        for name, (low, high, low_open, high_open) in _RANGES.items():
+        for name, (low, high, low_open, high_open) in self.RANGES.items():
             value = getattr(self, name)
+            if name == "shape_cost" and value is None:
+                continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not (ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)):
                 raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {'(' if low_open else '['}"
-                                 f"{low}, {high}{')' if high_open else ']'}")
+                                 f"{low}, {high}{')' if high_open else ']'}" + (", or None" if name == "shape_cost" else ""))
 
     @classmethod
     def of(cls, params):
@@ -91,8 +82,8 @@ class StepTimeModel:
 
     #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
     POOL_FROM = 3
-    #: Consecutive steps that must agree on a speed before it is the worker's level: with two, among hundreds of
-    #: GPUs some GPU's level is a run of stray slow steps at nearly every step (docs/gpu.md).
+    #: Consecutive steps that must agree on a speed before it is the worker's level (docs/gpu.md: with two,
+    #: among hundreds of GPUs some GPU's level is a run of stray slow steps).
     LEVEL_STEPS = 3
 
     def __init__(self, params=None):
@@ -100,8 +91,8 @@ class StepTimeModel:
         self.start(1)
 
     def start(self, num_workers, gpu=False):
-        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior, and
-        floors are learned)."""
+        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior,
+        floors and pooling)."""
         n = int(num_workers)
         self.gpu = bool(gpu)
         self.prior = self.params.shape_cost if self.params.shape_cost is not None else GPU_SHAPE_COST if gpu else 0.0
@@ -115,13 +106,12 @@ class StepTimeModel:
         self.spread2 = np.zeros(n)
         self.floors = np.zeros(n)
         self.changed = np.zeros(n, dtype=bool)
-        self.setup = np.zeros((2, n))  # per worker: set-up costs measured, and their sum in seconds
+        self.setup = np.zeros((2, n))  # set-up costs measured, and their sum in seconds
         self.shapes = [frozenset()] * n  # the batch sizes each worker has run
-        self.change_rate = np.zeros(n)  # each worker's speed changes per step (a running mean)
-        self.measured = np.full(n, np.nan)  # the batch-free speed of each worker's last step, where it is one
-        self.levels = np.full(n, np.nan)  # the batch-free speed LEVEL_STEPS consecutive steps of each worker last
-        # agreed on
-        self.held = np.zeros(n, dtype=np.int64)  # each worker's steady steps in a row, counted up to LEVEL_STEPS
+        self.change_rate = np.zeros(n)  # speed changes per step (a running mean)
+        self.measured = np.full(n, np.nan)  # the batch-free speed of the last step, where it is one
+        self.levels = np.full(n, np.nan)  # the speed LEVEL_STEPS consecutive steps last agreed on
+        self.held = np.zeros(n, dtype=np.int64)  # steady steps in a row, counted up to LEVEL_STEPS
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -156,14 +146,12 @@ class StepTimeModel:
 
     @property
     def persistence(self):
-        """Updates (steps the model was fed) each worker's speed level is expected to hold before it changes (inf
-        for one that has not changed)."""
+        """Steps each worker's speed level is expected to hold (inf for one that has not changed)."""
         return np.divide(1.0, self.change_rate, out=np.full(self.num_workers, np.inf), where=self.change_rate > 0)
 
     def setup_cost(self):
-        """The seconds a new batch shape is expected to cost a worker: the median of the workers' mean measured
-        costs (the same model on every worker; a median, since a speed change that coincides with a first visit
-        reads as set-up), else the `shape_cost` prior."""
+        """Seconds a new batch shape is expected to cost a worker: the median of the workers' mean measured costs
+        (a median: a speed change that coincides with a first visit reads as set-up), else the prior."""
         count, total = self.setup
         measured = count > 0
         return float(np.median(total[measured] / count[measured])) if measured.any() else self.prior
@@ -195,9 +183,9 @@ class StepTimeModel:
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         threshold = self.threshold
         predicted = self.predict(b)
-        # A first step at a new shape: its excess over the prediction is what setting the shape up cost. Where a
-        # set-up is expected to cost more than the step (a GPU), one slower than predicted beyond noise is not
-        # used otherwise; where less (a CPU), the excess is mostly noise and the step an ordinary measurement.
+        # A first step at a new shape: its excess over the prediction is the set-up. Where a set-up costs more
+        # than the step (a GPU), a step slower than predicted beyond noise measures nothing else; where less (a
+        # CPU), the excess is mostly noise and the step an ordinary measurement.
         first = ok & new & np.isfinite(predicted)
         costly = first & (np.log(t / predicted) > threshold)
         if costly.any():  # the median of the measured costs only where a first visit may need it
@@ -206,9 +194,9 @@ class StepTimeModel:
         ok &= ~costly
         b0, t0 = self.last
         line = (self.offsets + b) / self.speeds
-        # The batch fell and the time stayed above the line's prediction beyond noise, without rising: the worker
-        # is on its floor. Only once k is fitted (an unknown fixed cost also makes the time fall less), and only on
-        # GPUs: a CPU worker's noise would pass for floors.
+        # On its floor: the batch fell and the time stayed above the line beyond noise, without rising. Only once
+        # k is fitted (an unknown fixed cost also makes the time fall less), and only on GPUs (a CPU worker's
+        # noise would pass for floors).
         floored = ok & self.gpu & self.identified & (b < b0) & (np.log(t / line) > threshold) & \
             (np.log(t / t0) < threshold)
         self.floors = np.where(floored, t, np.where(ok & (np.log(t / self.floors) < -threshold), 0.0, self.floors))
@@ -229,9 +217,8 @@ class StepTimeModel:
         self._fit()
         self.measured = np.where(above, (self.offsets + b) / t, np.nan)
         self.speeds = np.where(above, self.measured, self.speeds)
-        # A speed holds once LEVEL_STEPS consecutive steps agree on it. A level that moves by more than `change` is a
-        # change of speed, whatever the noise (a noisy co-tenant's comings and goings are changes); a run of stray
-        # slow steps that the next one undoes is not.
+        # A level: a speed LEVEL_STEPS consecutive steady steps agree on. A level that moves by more than `change`
+        # is a change of speed whatever the noise; a run of stray steps that the next one undoes is not.
         self.held = np.where(steady, np.minimum(self.held + 1, self.LEVEL_STEPS), np.where(ok, 0, self.held))
         settled = steady & (self.held >= self.LEVEL_STEPS - 1)
         moved = settled & (np.abs(np.log(self.measured / self.levels)) > p.change)
@@ -250,11 +237,10 @@ class StepTimeModel:
         fit = (moved >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
             (np.sqrt(szz / sbb) >= p.min_spread)
         if self.gpu and np.count_nonzero(fit) >= self.POOL_FROM:
-            # Workers that train the same model have about the same k: each fit is pulled towards the
-            # precision-weighted mean of the fits by the share of its own error in the spread between workers
-            # (empirical Bayes); a worker without a fit takes the mean. On GPUs only: a GPU on its floor seldom
-            # has a fit precise enough to take alone, and with k = 0 its floor's noise reads as speed; CPU
-            # workers have no floor, and there pooling moved nothing by a point (docs/ablation.md).
+            # Workers that train the same model have about the same k: each fit is pulled towards the fits'
+            # precision-weighted mean by its own error's share of the spread between workers (empirical Bayes); a
+            # worker without a fit takes the mean. GPUs only: on its floor a GPU seldom has a fit precise enough
+            # to take alone, and with k = 0 its floor's noise reads as speed (docs/ablation.md).
             variance = error[fit] ** 2
             center = float(np.sum(k[fit] / variance) / np.sum(1.0 / variance))
             between = max(float(np.var(k[fit]) - np.mean(variance)), 0.0)
