@@ -153,8 +153,9 @@ class BalanceController:
         return period
 
     def _guarded(self, decide, *args, fallback=None):
-        """A policy that raises keeps its split (resized to the global batch `args[-1]`), or gives `fallback`;
-        training goes on, with one warning. A failure that differs between ranks shows in the digests."""
+        """A policy call that raises answers `fallback`, or without one keeps the split (resized to the global
+        batch `args[-1]`); training goes on, with one warning. A failure that differs between ranks shows in the
+        digests."""
         try:
             return decide(*args)
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training

@@ -40,10 +40,10 @@ class Forecaster:
 
     An exception, or a forecast that is not a positive number or lies `absurd` times outside the speeds
     measured, gives the last good forecast (one warning per kind). The predictor's cost (with the readings it
-    needs) is the larger of its median wall time and its median CPU time over the worker's share of a core;
-    over `budget` of the median compute time, the forecast is the last speed and the predictor is re-timed
-    every `probe_every` steps (`budget=None`: always run it). Only the gathered forecasts enter the decision,
-    so a rank's own clock cannot make ranks disagree.
+    needs) is the larger of its median wall time and its median CPU time over the worker's share of a core (a
+    CPU quota stretches CPU time into wall time); over `budget` of the median compute time, the forecast is
+    the last speed and the predictor is re-timed every `probe_every` steps (`budget=None`: always run it).
+    Only the gathered forecasts enter the decision, so a rank's own clock cannot make ranks disagree.
     """
 
     def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,

@@ -353,7 +353,8 @@ class LBBSPPolicy(Policy):
 
     def _saving(self, split_, curves):
         """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
-        it can move (one at its lower bound in both splits takes as long whatever the split)."""
+        it can move: one at its lower bound in both splits takes as long whatever the split, and balancing the
+        others keeps them clear of it as their speeds drift."""
         times, after = step_times(self.batches, *curves), step_times(split_, *curves)
         lower, _, q = self.bounds.grid(int(self.batches.sum()))
         free = (self.batches > lower * q) | (split_ > lower * q)
@@ -363,9 +364,10 @@ class LBBSPPolicy(Policy):
         """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new
         batch shape. One that does is taken once its set-up (done in parallel) is paid twice: by the saving forgone
         while the move stayed worth making (ski rental), and by the saving over the horizon (at most as long as the
-        slowest worker's speed is expected to hold). Savings are at the planned (`mean`) speeds, not the tails.
-        A move whose set-up costs more than a step is split and valued at the speed levels, and until it is
-        bought, a split already set up is taken where it pays (`_free`)."""
+        slowest worker's speed is expected to hold). Savings are at the planned (`mean`) speeds: the tails say
+        where to split, not what a move saves. A move whose set-up costs more than a step is split and valued at
+        the speed levels, which a stray step does not move, and until it is bought, a split already set up is
+        taken where it pays (`_free`)."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
