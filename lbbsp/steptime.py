@@ -52,13 +52,13 @@ class StepTimeParams:
 
     def __post_init__(self):
         for name, (low, high, low_open, high_open) in self.RANGES.items():
-            value = getattr(self, name)
-            if name == "shape_cost" and value is None:
+            value, optional = getattr(self, name), name == "shape_cost"
+            if optional and value is None:
                 continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not (ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)):
                 raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {'(' if low_open else '['}"
-                                 f"{low}, {high}{')' if high_open else ']'}{', or None' if name == 'shape_cost' else ''}")
+                                 f"{low}, {high}{')' if high_open else ']'}{', or None' if optional else ''}")
 
     @classmethod
     def of(cls, params):
