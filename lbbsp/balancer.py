@@ -250,13 +250,25 @@ class Balancer:
     # Checkpoints: rank 0's decision state is what every rank continues from.
 
     def save(self, path, epoch, step):
-        """Write this rank's state (the decision state and the predictor) to `path`, atomically."""
+        """Write this rank's state (the decision state and the predictor) to `path`, atomically. A save that fails
+        (a full disk, a predictor that cannot be pickled) leaves the last saved state in place and training goes
+        on, with a warning; returns whether it was saved."""
         self.drain()
         data = {"version": 2, "epoch": epoch, "step": step, "controller": self.controller.state(),
                 "predictor": self.forecaster.predictor if self.forecaster is not None else None}
-        with open(f"{path}.tmp", "wb") as fh:
-            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(f"{path}.tmp", path)
+        try:
+            with open(f"{path}.tmp", "wb") as fh:
+                pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(f"{path}.tmp", path)
+            return True
+        except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
+            log.warning("lbbsp: saving the state to %s at epoch %d, step %d failed (%r); training goes on, and a "
+                        "resume continues from the last state saved", path, epoch, step, exc)
+            try:
+                os.remove(f"{path}.tmp")
+            except OSError:
+                pass
+            return False
 
     def restore(self, path, broadcast):
         """Continue from rank 0's file at `path` if it has one; True when the decision state was restored."""

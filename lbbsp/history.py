@@ -5,9 +5,12 @@ inspection and tests) and a few sums per epoch, whatever its length.
 """
 import collections
 import csv
+import logging
 import math
 
 __all__ = ["StepLog", "FIELDS"]
+
+log = logging.getLogger(__name__)
 
 #: Columns of the per-step CSV (telemetry features follow where they were read).
 FIELDS = (
@@ -18,16 +21,30 @@ FIELDS = (
 
 
 class StepLog:
-    """Rows of FIELDS (plus `extra` columns) for one rank; see the module docstring."""
+    """Rows of FIELDS (plus `extra` columns) for one rank; see the module docstring.
+
+    A `path` that cannot be opened is a ValueError at once (before training); a write that fails later (a full
+    disk) stops the CSV with one warning, and training and the in-memory rows go on.
+    """
 
     def __init__(self, path=None, keep=1000, extra=(), append=False):
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
             raise ValueError(f"keep={keep!r} is not allowed: give an integer >= 0 or None (keep every row)")
-        self.path, self.columns, self.append = path, FIELDS + tuple(extra), bool(append)
+        self.path, self.columns = path, FIELDS + tuple(extra)
         self.rows = collections.deque(maxlen=keep)
         self._fh = self._writer = None
         self.steps = 0
         self._reset_epoch()
+        if path:
+            try:
+                self._fh = open(path, "a" if append else "w", newline="")
+                self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="ignore")
+                if self._fh.tell() == 0:
+                    self._writer.writeheader()
+            except OSError as exc:
+                self.close()
+                raise ValueError(f"csv_path={str(path)!r} is not allowed: {exc.strerror or exc}; give a file in an "
+                                 "existing folder this process may write to") from exc
 
     def _reset_epoch(self):
         self._n = 0
@@ -36,13 +53,8 @@ class StepLog:
 
     def add(self, row, balanced=None, slowest=None):
         """Record one step; `balanced` and `slowest` (seconds) feed the epoch's efficiency when known."""
-        if self.path and self._writer is None:
-            self._fh = open(self.path, "a" if self.append else "w", newline="")
-            self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="ignore")
-            if self._fh.tell() == 0:
-                self._writer.writeheader()
         if self._writer is not None:
-            self._writer.writerow(row)
+            self._guarded(self._writer.writerow, row)
         self.rows.append(row)
         self.steps += 1
         self._n += 1
@@ -69,11 +81,22 @@ class StepLog:
         self._reset_epoch()
         return out
 
+    def _guarded(self, write, *args):
+        try:
+            write(*args)
+        except OSError as exc:
+            log.warning("lbbsp: writing the step log %s failed (%r); it gets no more rows (training goes on, and the "
+                        "latest rows stay in `history`)", self.path, exc)
+            self.close()
+
     def flush(self):
         if self._fh is not None:
-            self._fh.flush()
+            self._guarded(self._fh.flush)
 
     def close(self):
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = self._writer = None
+        fh, self._fh, self._writer = self._fh, None, None
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:  # the data it still held could not be written: warned where a write failed
+                pass

@@ -92,3 +92,23 @@ def test_a_state_file_of_another_version_starts_afresh_with_a_warning(tmp_path, 
     assert balancer.restore(str(path), broadcast=lambda obj: obj) is False
     assert "starting from equal batches" in caplog.text
     balancer.end()
+
+
+def test_a_state_that_cannot_be_saved_warns_and_training_goes_on(tmp_path, caplog):
+    class Unpicklable(Forecaster):
+        def __reduce__(self):
+            raise TypeError("cannot pickle this predictor")
+
+    feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=1)
+    balancer = Balancer(feed, BalanceController("lbbsp", warmup_steps=0), Forecaster("last", budget=None))
+    balancer.begin(0, 1)
+    path = str(tmp_path / "state.pkl")
+    assert balancer.save(path, 0, 0)
+    saved = open(path, "rb").read()
+    balancer.forecaster.predictor = Unpicklable("last")
+    with caplog.at_level("WARNING", logger="lbbsp"):
+        assert not balancer.save(path, 0, 1)
+    assert "saving the state to" in caplog.text and "cannot pickle this predictor" in caplog.text
+    assert open(path, "rb").read() == saved and sorted(p.name for p in tmp_path.iterdir()) == ["state.pkl"]
+    assert not balancer.save(str(tmp_path / "gone" / "state.pkl"), 0, 2)  # a folder removed while training
+    balancer.end()

@@ -1,6 +1,7 @@
 """The framework-free decision path: identical decisions on every rank, the LB-BSP policy's rules, guarded forecasts,
 flat-memory records."""
 import logging
+import os
 import tracemalloc
 
 import numpy as np
@@ -396,6 +397,21 @@ def test_step_log_streams_and_keeps_memory_flat(tmp_path):
     assert len(log.rows) == 10
     with pytest.raises(ValueError, match="keep=-1"):
         StepLog(keep=-1)
+    with pytest.raises(ValueError, match="csv_path='.*/missing/s.csv' is not allowed: No such file or directory"):
+        StepLog(tmp_path / "missing" / "s.csv")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write fails")
+def test_a_step_log_whose_disk_is_full_warns_once_and_keeps_its_rows(caplog):
+    log = StepLog("/dev/full", keep=None)
+    row = dict(time=1.0, epoch=0, step=0, rank=0, batch_size=5, wait=0.1, step_time=0.25, overhead=0.001)
+    with caplog.at_level("WARNING", logger="lbbsp"):
+        for _ in range(2000):  # more than a write buffer
+            log.add(dict(row))
+        log.flush()
+        log.close()
+    assert caplog.text.count("writing the step log /dev/full failed") == 1
+    assert len(log.rows) == 2000 and log.epoch_summary()["lbbsp_batch"] == 5
 
 
 def test_bad_arguments_name_the_value():

@@ -132,6 +132,7 @@ def test_jit_compile_is_refused_with_what_to_do_instead():
     ({"predictor": "oracle9"}, "predictor='oracle9'"),
     ({"warmup_steps": -1}, "warmup_steps=-1"),
     ({"csv_path": 3}, "csv_path=3"),
+    ({"state_path": "state_{epoch}.pkl"}, r"state_path='state_\{epoch\}.pkl' is not allowed: the only field"),
     ({"forecast_budget": -1}, "forecast_budget=-1"),
 ])
 def test_bad_callback_arguments(kwargs, message):
@@ -139,6 +140,22 @@ def test_bad_callback_arguments(kwargs, message):
         lb.LoadBalancer(lb.BalancedFeed(X, Y, global_batch=16), **kwargs)
     with pytest.raises(ValueError, match="feed="):
         lb.LoadBalancer(object())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"csv_path": "/nonexistent-lbbsp/steps_{rank}.csv"}, "csv_path='/nonexistent-lbbsp/steps_0.csv' is not allowed"),
+    ({"state_path": "/nonexistent-lbbsp/state_{rank}.pkl"}, "the folder '/nonexistent-lbbsp' does not exist"),
+])
+def test_paths_that_cannot_be_written_fail_before_the_first_step(kwargs, message):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(3,))])
+    model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    stepped = []
+    record = tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda step, logs: stepped.append(step))
+    with pytest.raises(ValueError, match=message):
+        model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
+                  callbacks=[lb.LoadBalancer(feed, **kwargs), record])
+    assert not stepped
 
 
 def test_bad_optimizer_arguments():

@@ -149,6 +149,18 @@ def test_ranks_whose_numpy_rounds_differently_are_warned_and_kept_together(tmp_p
         assert differ == []
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write fails")
+def test_lbbsp_files_that_fail_mid_training_leave_training_going(tmp_path):
+    # The step log on a full disk and a state that cannot be pickled: warnings, every epoch trained.
+    horovodrun(2, "io_failure.py", tmp_path, "/dev/full")
+    for rank in range(2):
+        r = json.loads((tmp_path / f"io_{rank}.json").read_text())
+        assert r["epochs"] == 3 and r["rows"] == 3 * 128, r  # 2048 samples, 16 a step
+        assert sum("writing the step log /dev/full failed" in w for w in r["warnings"]) == 1, r["warnings"]
+        assert sum("saving the state" in w for w in r["warnings"]) == 3, r["warnings"]
+        assert not [f for f in r["state_files"] if f.startswith("state_")], r["state_files"]  # nor a .tmp left
+
+
 @pytest.mark.parametrize("num_proc", [2, 3])
 def test_a_rank_that_raises_mid_step_ends_the_job_with_its_error(num_proc):
     import time

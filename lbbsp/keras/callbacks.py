@@ -93,6 +93,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         for name, value in (("csv_path", csv_path), ("state_path", state_path)):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}={value!r} is not allowed: give a path string or None")
+            try:
+                value is None or value.format(rank=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(f"{name}={value!r} is not allowed: the only field it may hold is {{rank}} "
+                                 f"({exc!r}); write a literal brace as {{{{ or }}}}") from exc
         for name, value in (("state_every", state_every), ("keep_steps", keep_steps)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} is not allowed: give an integer >= 1 or None")
@@ -144,6 +149,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def _begin(self, epoch=0, first_run=True):
         """Per-fit set-up shared by a plain fit and every fit of an elastic job."""
+        folder = os.path.dirname(os.path.abspath(self._state_file())) if self.state_path else None
+        if folder is not None and not os.path.isdir(folder):
+            raise ValueError(f"state_path={self.state_path!r} is not allowed: the folder {folder!r} does not exist; "
+                             "give a file in an existing folder")
         if self.forecaster is not None:
             self.forecaster.use_device(self.gpu)
         wants = (self.forecaster is not None and self.forecaster.uses_features) or self.core.csv_path
