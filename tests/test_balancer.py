@@ -1,5 +1,6 @@
 """The framework-free balancer: plans handed to the train thread as immutable snapshots, decisions on their own
-thread that no timing can change."""
+thread that no timing can change, state files that never stop training."""
+import pickle
 import threading
 import time
 
@@ -111,4 +112,18 @@ def test_a_state_that_cannot_be_saved_warns_and_training_goes_on(tmp_path, caplo
     assert "saving the state to" in caplog.text and "cannot pickle this predictor" in caplog.text
     assert open(path, "rb").read() == saved and sorted(p.name for p in tmp_path.iterdir()) == ["state.pkl"]
     assert not balancer.save(str(tmp_path / "gone" / "state.pkl"), 0, 2)  # a folder removed while training
+    balancer.end()
+
+
+def test_a_saved_state_that_does_not_load_starts_from_equal_batches(tmp_path, caplog):
+    feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=2)
+    balancer = Balancer(feed, BalanceController("lbbsp", warmup_steps=0))
+    balancer.begin(0, 2)
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps({"version": 2, "epoch": 0, "step": 0, "predictor": None,
+                                   "controller": {"policy": "lbbsp", "steps_seen": 3, "state": "garbage"}}))
+    with caplog.at_level("WARNING", logger="lbbsp"):
+        assert not balancer.restore(str(path), broadcast=lambda obj: obj)
+    assert "state does not fit this job" in caplog.text
+    assert balancer.before_step(0, 0).sizes.tolist() == [32, 32]
     balancer.end()

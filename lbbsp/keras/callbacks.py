@@ -228,7 +228,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                     self.core.continue_from(self.controller.state())
                     log.info("lbbsp: workers changed from %d to %d (%d new); split %s", len(before), len(workers),
                              int((index < 0).sum()), self.controller.batch_sizes.tolist())
-            except (ValueError, KeyError) as exc:  # the same on every rank: all start from equal batches together
+            except Exception as exc:  # noqa: BLE001 - the same on every rank: all start from equal batches together
                 log.warning("lbbsp: the committed state does not fit the new workers (%s); equal batches", exc)
                 self._begin(epoch, first_run=False)
         self.workers = workers
