@@ -92,6 +92,7 @@ class BalanceController:
         self.policy.start(int(schedule.of(epoch)[step]), bounds)
         self.policy.prepare(warm_shapes, gpu)
         self.steps_seen, self.decided_at, self.next_decision, self.cost, self._period = 0, None, 0, 0.0, 1
+        self._held = self.policy.batches.copy()
         return self.initial_plans(epoch, step)
 
     def _plan(self, key, sizes):
@@ -102,7 +103,8 @@ class BalanceController:
     def initial_plans(self, epoch=0, step=0):
         """The current split for (epoch, step) and the plan_ahead steps after it (at the start or a resume)."""
         keys = [self.schedule.after(epoch, step, ahead) for ahead in range(self.plan_ahead + 1)]
-        return [self._plan(key, self.policy.resize(int(self.schedule.of(key[0])[key[1]]))) for key in keys]
+        return [self._plan(key, self._guarded(self.policy.resize, int(self.schedule.of(key[0])[key[1]])))
+                for key in keys]
 
     def decide(self, epoch, step, gathered, sizes):
         """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with
@@ -128,8 +130,8 @@ class BalanceController:
         else:
             # The first steps trace the train function (twice in Keras 2.15): their timings say nothing. Between
             # decisions the split holds.
-            self.policy.seen(stats.batches)
-            decided = self.policy.resize(next_global)
+            self._guarded(self.policy.seen, stats.batches, fallback=False)
+            decided = self._guarded(self.policy.resize, next_global)
         if key[1] == 0:
             decided = self._guarded(self.policy.after_epoch, next_global)
         if decides:
@@ -153,17 +155,32 @@ class BalanceController:
         return period
 
     def _guarded(self, decide, *args, fallback=None):
-        """A policy call that raises answers `fallback`, or without one keeps the split (resized to the global
-        batch `args[-1]`); training goes on, with one warning. A failure that differs between ranks shows in the
+        """A policy call that raises answers `fallback`; without one it must return a split of the global batch
+        `args[-1]` within the bounds, else the split of the latest step planned holds (resized). Training goes on,
+        with one warning; every rank fails alike on the same numbers, and a failure that differs shows in the
         digests."""
         try:
-            return decide(*args)
+            out = decide(*args)
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
-            if not self._failed:
-                log.warning("lbbsp: the %s policy raised %r; keeping its current split (warned once)",
-                            self.policy.name, exc)
-            self._failed = True
-            return Policy.resize(self.policy, args[-1]) if fallback is None else fallback
+            return self._failed_with(f"raised {exc!r}", args[-1], fallback)
+        if fallback is None:
+            out, bounds = np.asarray(out), self.policy.bounds
+            if out.shape != (self.size,) or out.dtype.kind not in "iu" or int(out.sum()) != args[-1] or \
+                    np.any(out < bounds.lower) or np.any(out > bounds.upper):
+                return self._failed_with(f"returned the split {out.tolist()}, not {self.size} integers within the "
+                                         f"bounds summing to {args[-1]}", args[-1], fallback)
+            self._held = out.astype(np.int64)
+        return out
+
+    def _failed_with(self, problem, total, fallback):
+        if not self._failed:
+            log.warning("lbbsp: the %s policy %s; keeping the split it had (warned once)", self.policy.name, problem)
+        self._failed = True
+        if fallback is not None:
+            return fallback
+        if int(self._held.sum()) == total:
+            return self._held.copy()
+        return Policy._split(self.policy, self._held.astype(np.float64), total)
 
     def state(self):
         """The decision state, identical on every rank; for checkpoints."""
@@ -183,7 +200,7 @@ class BalanceController:
 
     def _continue(self, state):
         self.steps_seen, self.next_decision = int(state["steps_seen"]), int(state.get("next_decision", 0))
-        self.decided_at = state.get("decided_at")
+        self.decided_at, self._held = state.get("decided_at"), self.policy.batches.copy()
 
     def rejoin(self, state, old_workers, new_workers):
         """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`; call after

@@ -12,7 +12,7 @@ from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController, Plan
 from lbbsp.forecasting import Forecaster
 from lbbsp.history import StepLog
-from lbbsp.policies import POLICIES, LBBSPPolicy, StepStats, make_policy
+from lbbsp.policies import POLICIES, LBBSPPolicy, PIDPolicy, StepStats, make_policy
 from predictor import EMAPredictor
 
 
@@ -519,6 +519,33 @@ def test_forecaster_cost_counts_a_cpu_quota():
     assert f.cost == pytest.approx(0.0002 / 0.15)
     f.update(100, 0.05, cpu_share=float("nan"))  # an unreadable share counts as a whole core
     assert f.cost == pytest.approx(0.0002)
+
+
+@pytest.mark.parametrize("bad", [[40, 40], [64], [32.0, 32.0], [0, 64], [70, -6]])
+def test_a_policy_that_returns_no_valid_split_keeps_its_split_and_warns_once(caplog, bad):
+    # A split whose sum is not the global batch, of the wrong length, of floats, or outside the bounds.
+    class Wrong(PIDPolicy):
+        def after_step(self, stats, next_global_batch):
+            out = super().after_step(stats, next_global_batch)
+            return np.array(bad) if stats.step >= 3 else out
+
+    loop = Loop(BalanceController(Wrong(deadband=0.0), warmup_steps=0), 2, [64] * 7 + [17])
+    with caplog.at_level(logging.WARNING):
+        splits = [loop.step(lambda sizes: gathered([np.nan] * 2, [0.01, 0.03])).tolist() for _ in range(10)]
+    moved = splits[4]
+    assert moved != [32, 32] and sum(moved) == 64, splits  # PID moved before the policy went wrong
+    assert splits[5:7] == [moved] * 2 and sum(splits[7]) == 17 and all(sum(x) == 64 for x in splits[8:]), splits
+    assert caplog.text.count(f"the pid policy returned the split {bad}") == 1, caplog.text
+
+
+def test_a_policy_whose_split_fails_between_decisions_keeps_it():
+    class Flaky(LBBSPPolicy):
+        def resize(self, global_batch):
+            raise RuntimeError("resize failed")
+
+    loop = Loop(BalanceController(Flaky(), warmup_steps=100), 2, [64] * 5 + [17])
+    splits = [loop.step(lambda sizes: gathered([np.nan] * 2, [0.01, 0.01])).tolist() for _ in range(7)]
+    assert splits[:5] == [[32, 32]] * 5 and splits[5] == [9, 8] and splits[6] == [32, 32], splits
 
 
 def test_a_policy_that_raises_keeps_its_split_and_warns_once(caplog):

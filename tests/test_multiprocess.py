@@ -150,14 +150,17 @@ def test_ranks_whose_numpy_rounds_differently_are_warned_and_kept_together(tmp_p
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, where every write fails")
-def test_lbbsp_files_that_fail_mid_training_leave_training_going(tmp_path):
-    # The step log on a full disk and a state that cannot be pickled: warnings, every epoch trained.
-    horovodrun(2, "io_failure.py", tmp_path, "/dev/full")
+def test_parts_of_lbbsp_that_fail_mid_training_leave_training_going(tmp_path):
+    # The step log on a full disk, a state that cannot be pickled, a policy whose split miscounts: warnings,
+    # every epoch trained, every rank on the same split.
+    horovodrun(2, "plugin_failures.py", tmp_path, "/dev/full")
     for rank in range(2):
-        r = json.loads((tmp_path / f"io_{rank}.json").read_text())
-        assert r["epochs"] == 3 and r["rows"] == 3 * 128, r  # 2048 samples, 16 a step
+        r = json.loads((tmp_path / f"failures_{rank}.json").read_text())
+        assert r["epochs"] == 3 and r["rows"] == 3 * 128 and r["resyncs"] == 0, r  # 2048 samples, 16 a step
         assert sum("writing the step log /dev/full failed" in w for w in r["warnings"]) == 1, r["warnings"]
         assert sum("saving the state" in w for w in r["warnings"]) == 3, r["warnings"]
+        assert sum("policy returned the split" in w for w in r["warnings"]) == 1, r["warnings"]
+        assert len(r["batches"]) > 1, r  # the policy still moved the split where its splits were whole
         assert not [f for f in r["state_files"] if f.startswith("state_")], r["state_files"]  # nor a .tmp left
 
 

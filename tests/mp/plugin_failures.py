@@ -1,9 +1,10 @@
-"""Run under horovodrun: lbbsp's own files fail mid-training, and training goes on.
+"""Run under horovodrun: parts of lbbsp fail mid-training, and training goes on.
 
 Every rank streams its step log to CSV_PATH (the test gives /dev/full, where every write fails with a full
-disk) and saves lbbsp's state each epoch through a predictor that cannot be pickled. The job must train every
-epoch; each rank writes what happened to DIR/io_{rank}.json.
-Usage: horovodrun -np N python tests/mp/io_failure.py DIR CSV_PATH
+disk), saves lbbsp's state each epoch through a predictor that cannot be pickled, and decides with a policy
+that returns a split of the wrong total at every 10th step. The job must train every epoch with every rank
+on the same split; each rank writes what happened to DIR/failures_{rank}.json.
+Usage: horovodrun -np N python tests/mp/plugin_failures.py DIR CSV_PATH
 """
 import json
 import logging
@@ -17,6 +18,7 @@ from _common import init_worker
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
+from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from predictor.base import SpeedPredictor  # noqa: E402
 
 out_dir, csv_path = sys.argv[1], sys.argv[2]
@@ -46,6 +48,14 @@ class Unpicklable(SpeedPredictor):
         return self.history.last_valid()
 
 
+class Miscounting(LBBSPPolicy):
+    """LB-BSP, but every 10th step's split holds one sample too many."""
+
+    def after_step(self, stats, next_global_batch):
+        out = super().after_step(stats, next_global_batch)
+        return out + np.eye(len(out), dtype=np.int64)[0] if stats.step % 10 == 9 else out
+
+
 def fetch(indices):
     x = indices.astype(np.float32)[:, None]
     return x, np.sin(x)
@@ -54,10 +64,11 @@ def fetch(indices):
 model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
 feed = lb.BalancedFeed.from_function(fetch, 2048, global_batch=16, seed=1)
-balancer = lb.LoadBalancer(feed, predictor=Unpicklable(), csv_path=csv_path,
+balancer = lb.LoadBalancer(feed, policy=Miscounting(), predictor=Unpicklable(), csv_path=csv_path,
                            state_path=os.path.join(out_dir, "state_{rank}.pkl"))
 history = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=3, verbose=0,
                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer])
-with open(os.path.join(out_dir, f"io_{rank}.json"), "w") as fh:
+with open(os.path.join(out_dir, f"failures_{rank}.json"), "w") as fh:
     json.dump({"epochs": len(history.history["loss"]), "rows": len(balancer.history), "warnings": warnings,
+               "resyncs": len(balancer.resynced), "batches": sorted({r["batch_size"] for r in balancer.history}),
                "state_files": sorted(os.listdir(out_dir))}, fh)
