@@ -95,6 +95,9 @@ def test_steps_per_epoch_must_match_the_feed():
     feed = lb.BalancedFeed(X, Y, global_batch=16)
     with pytest.raises(ValueError, match="steps_per_epoch=3 is not allowed"):
         tiny().fit(feed.dataset(), steps_per_epoch=3, epochs=1, verbose=0, callbacks=[lb.LoadBalancer(feed)])
+    # Without it the endless dataset never ends an epoch: refused before the first step, not at the epoch's end.
+    with pytest.raises(ValueError, match=rf"steps_per_epoch=None is not allowed: .*\({feed.steps_per_epoch}\)"):
+        tiny().fit(feed.dataset(), epochs=1, verbose=0, callbacks=[lb.LoadBalancer(feed)])
 
 
 def test_the_balanced_optimizer_is_found_inside_or_around_a_loss_scale_optimizer():

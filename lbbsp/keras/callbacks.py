@@ -127,7 +127,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         """The most recent per-step records of this rank (dicts with the keys of lbbsp.history.FIELDS)."""
         return list(self.core.steps.rows)
 
-    def _check_model(self, model, steps=None):
+    def _check_model(self, model):
         optimizer = model.optimizer
         state = balance_state(optimizer)
         if state is None:
@@ -142,9 +142,6 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             raise ValueError("jit_compile=True is not allowed with LoadBalancer: each step hands its timings to Python "
                              "(tf.numpy_function), which XLA cannot compile. Compile with jit_compile=False; XLA's "
                              "auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit=2) still compiles the rest of the step")
-        if steps is not None and steps != self.feed.steps_per_epoch:
-            raise ValueError(f"steps_per_epoch={steps} is not allowed: pass steps_per_epoch=feed.steps_per_epoch "
-                             f"({self.feed.steps_per_epoch}) to fit()")
         return state
 
     def _begin(self, epoch=0, first_run=True):
@@ -179,7 +176,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                                    "lbbsp.keras.elastic.fit(state, ...), not model.fit")
             self._prepared = False
             return
-        self._state = self._check_model(self.model, self.params.get("steps") if self.params else None)
+        self._state = self._check_model(self.model)
+        steps = (self.params or {}).get("steps")
+        if steps != self.feed.steps_per_epoch:  # None: the feed's endless dataset would never end an epoch
+            raise ValueError(f"steps_per_epoch={steps} is not allowed: pass steps_per_epoch=feed.steps_per_epoch "
+                             f"({self.feed.steps_per_epoch}) to fit()")
         self.rank, self.size = hvd.rank(), hvd.size()
         if self._state.size != self.size:
             raise ValueError(f"the optimizer was wrapped for {self._state.size} workers but Horovod runs {self.size}")
