@@ -309,6 +309,13 @@ def test_a_wrapped_feed_is_a_clear_error_not_a_hang(wrap):
                   callbacks=[lb.LoadBalancer(feed)])
 
 
+def test_a_dataset_not_from_the_feed_is_a_clear_error():
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    own = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16).repeat()
+    with pytest.raises(RuntimeError, match="read nothing from the feed: pass feed.dataset()"):
+        tiny().fit(own, steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0, callbacks=[lb.LoadBalancer(feed)])
+
+
 def sample_pipeline_feed(read, **kwargs):
     images = tf.constant(X)
     labels = tf.constant(Y)

@@ -265,6 +265,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         state, local = self._state, int(self._plan.sizes[self.rank])
         served, times = self.feed.served(self._epoch, step)
         beyond = self.feed.served_beyond(self._epoch, step)
+        if times == 0 and beyond <= 0:
+            raise RuntimeError(f"lbbsp: step {step} of epoch {self._epoch} read nothing from the feed: pass "
+                               "feed.dataset() of the BalancedFeed given to LoadBalancer to fit (the data fit read "
+                               "does not follow lbbsp's split)")
         if served != local or times != 1 or beyond > self.feed.prefetch:
             raise RuntimeError(
                 f"lbbsp: step {step} of epoch {self._epoch} should have read {local} samples once, with at most "
