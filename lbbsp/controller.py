@@ -165,8 +165,8 @@ class BalanceController:
             return self._failed_with(f"raised {exc!r}", args[-1], fallback)
         if fallback is None:
             out, bounds = np.asarray(out), self.policy.bounds
-            if out.shape != (self.size,) or out.dtype.kind not in "iu" or int(out.sum()) != args[-1] or \
-                    np.any(out < bounds.lower) or np.any(out > bounds.upper):
+            if out.shape != (self.size,) or out.dtype.kind not in "iu" or out.sum() != args[-1] or \
+                    not ((bounds.lower <= out) & (out <= bounds.upper)).all():
                 return self._failed_with(f"returned the split {out.tolist()}, not {self.size} integers within the "
                                          f"bounds summing to {args[-1]}", args[-1], fallback)
             self._held = out.astype(np.int64)
