@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 
-from .allocation import Bounds
+from .allocation import Bounds, sanitize, split
 from .consistency import digest as split_digest
 from .exchange import unpack
 from .forecasting import check_budget
 from .membership import worker_index
 from .metrics import balanced_time
-from .policies import Policy, StepStats, make_policy
+from .policies import StepStats, make_policy
 from .sharding import EpochSchedule
 
 __all__ = ["BalanceController", "Plan", "DECISION_BUDGET", "MAX_PERIOD"]
@@ -161,26 +161,23 @@ class BalanceController:
         digests."""
         try:
             out = decide(*args)
+            if fallback is None:
+                out, bounds = np.asarray(out), self.policy.bounds
+                if out.shape != (self.size,) or out.dtype.kind not in "iu" or out.sum() != args[-1] or \
+                        not ((bounds.lower <= out) & (out <= bounds.upper)).all():
+                    raise ValueError(f"it returned the split {out.tolist()}, not {self.size} integers within the "
+                                     f"bounds summing to {args[-1]}")
+                self._held = out.astype(np.int64)
+            return out
         except Exception as exc:  # noqa: BLE001 - a plugin failure must not stop training
-            return self._failed_with(f"raised {exc!r}", args[-1], fallback)
-        if fallback is None:
-            out, bounds = np.asarray(out), self.policy.bounds
-            if out.shape != (self.size,) or out.dtype.kind not in "iu" or out.sum() != args[-1] or \
-                    not ((bounds.lower <= out) & (out <= bounds.upper)).all():
-                return self._failed_with(f"returned the split {out.tolist()}, not {self.size} integers within the "
-                                         f"bounds summing to {args[-1]}", args[-1], fallback)
-            self._held = out.astype(np.int64)
-        return out
-
-    def _failed_with(self, problem, total, fallback):
-        if not self._failed:
-            log.warning("lbbsp: the %s policy %s; keeping the split it had (warned once)", self.policy.name, problem)
-        self._failed = True
-        if fallback is not None:
-            return fallback
-        if int(self._held.sum()) == total:
-            return self._held.copy()
-        return Policy._split(self.policy, self._held.astype(np.float64), total)
+            if not self._failed:
+                log.warning("lbbsp: the %s policy failed (%r); keeping the split it had (warned once)",
+                            self.policy.name, exc)
+            self._failed = True
+            if fallback is not None or int(self._held.sum()) == args[-1]:
+                return self._held.copy() if fallback is None else fallback
+            none = np.zeros(self.size)  # the held split's shares of another global batch (an epoch's last step)
+            return split(int(args[-1]), self.policy.bounds, sanitize(self._held, 1.0), none, none)
 
     def state(self):
         """The decision state, identical on every rank; for checkpoints."""
