@@ -416,6 +416,12 @@ def test_warm_shapes_are_set_up_before_training_and_known_to_the_policy(caplog):
     balancer.on_train_end()
     with pytest.raises(ValueError, match="warm_shapes=.*list of batch sizes"):
         lb.LoadBalancer(feed, warm_shapes=[0])
+    wide = lb.LoadBalancer(lb.BalancedFeed(X, Y, global_batch=16, b_min=4), warm_shapes=[2, 8, 40])
+    wide.set_model(model)
+    wide.params = {"steps": feed.steps_per_epoch}
+    # A single worker runs batches of 4 to 16 here.
+    with pytest.raises(ValueError, match=r"warm_shapes=\[2, 8, 40\] is not allowed: \[2, 40\] lie outside .*\[4, 16\]"):
+        wide.on_train_begin()
 
 
 def test_keras_3_is_refused_with_the_fix():

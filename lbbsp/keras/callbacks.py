@@ -8,6 +8,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from ..allocation import Bounds
 from ..balancer import Balancer
 from ..consistency import build_mismatch, numpy_build
 from ..controller import DECISION_BUDGET, BalanceController
@@ -192,9 +193,14 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def _warm_up(self):
         """Set up `warm_shapes` before training: one forward and backward pass each, weights left as they were."""
-        shapes = self.core.warm_shapes
+        shapes, feed = self.core.warm_shapes, self.feed
         if not shapes:
             return
+        bounds = Bounds.of(self.size, feed.global_batch, feed.b_min, feed.b_max, feed.grid)
+        useless = [b for b in shapes if not bounds.lower.min() <= b <= bounds.upper.max()]
+        if useless:  # a pass at a batch no worker may run costs time, or a GPU's memory
+            raise ValueError(f"warm_shapes={list(shapes)!r} is not allowed: {useless} lie outside the batch sizes a "
+                             f"worker may run, [{int(bounds.lower.min())}, {int(bounds.upper.max())}] (b_min, b_max)")
         from .warmup import warm_up
         seconds = warm_up(self.model, self.feed, shapes)
         log.info("lbbsp: set up %d batch shapes %s in %.2f s (%s s each)", len(shapes), list(shapes),
