@@ -135,6 +135,7 @@ def test_jit_compile_is_refused_with_what_to_do_instead():
     ({"predictor": "oracle9"}, "predictor='oracle9'"),
     ({"warmup_steps": -1}, "warmup_steps=-1"),
     ({"csv_path": 3}, "csv_path=3"),
+    ({"state_every": 3}, "state_every=3 is not allowed without state_path"),
     ({"state_path": "state_{epoch}.pkl"}, r"state_path='state_\{epoch\}.pkl' is not allowed: the only field"),
     ({"forecast_budget": -1}, "forecast_budget=-1"),
 ])

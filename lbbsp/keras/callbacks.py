@@ -102,6 +102,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         for name, value in (("state_every", state_every), ("keep_steps", keep_steps)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} is not allowed: give an integer >= 1 or None")
+        if state_every is not None and state_path is None:
+            raise ValueError(f"state_every={state_every!r} is not allowed without state_path: give both (the state "
+                             "is saved to state_path every state_every steps)")
         shapes = list(warm_shapes) if isinstance(warm_shapes, (list, tuple)) else None
         if shapes is None or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in shapes):
             raise ValueError(f"warm_shapes={warm_shapes!r} is not allowed: give a list of batch sizes (integers >= 1)")
