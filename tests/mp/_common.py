@@ -57,3 +57,23 @@ def trusting_policy(**kwargs):
             return np.where(good, forecast, speeds), offsets, floors
 
     return Trusting(**kwargs)
+
+
+def sine_job(fetch_samples=None):
+    """A tiny regression (x = sample index, y = sin x) that any rank reads by index: its compiled model, with
+    lbbsp's optimizer, and its sample function (`fetch_samples(indices)` first sees every read)."""
+    import numpy as np
+    import tensorflow as tf
+
+    import lbbsp.keras as lb
+
+    def fetch(indices):
+        if fetch_samples is not None:
+            fetch_samples(indices)
+        x = indices.astype(np.float32)[:, None]
+        return x, np.sin(x)
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)),
+                                 tf.keras.layers.Dense(1)])
+    model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+    return model, fetch

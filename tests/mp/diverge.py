@@ -21,7 +21,7 @@ import logging  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _common import init_worker, make_test_predictors  # noqa: E402
+from _common import init_worker, make_test_predictors, sine_job  # noqa: E402
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
@@ -71,13 +71,7 @@ class Splits(tf.keras.callbacks.Callback):
         self.log.append(self.balancer.split.tolist())  # the split this step runs (a resync replaces it at its end)
 
 
-def fetch(indices):
-    x = indices.astype(np.float32)[:, None]
-    return x, np.sin(x)
-
-
-model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
-model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+model, fetch = sine_job()
 feed = lb.BalancedFeed.from_function(fetch, 240, global_batch=24, seed=1)
 balancer = lb.LoadBalancer(feed, policy=Drifting(), predictor=RandomPredictor(seed=rank), warmup_steps=1,
                            decision_budget=None)  # a decision at every step: the injected ones land where planned

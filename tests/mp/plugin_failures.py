@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from _common import init_worker
+from _common import init_worker, sine_job
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
@@ -56,13 +56,7 @@ class Miscounting(LBBSPPolicy):
         return out + np.eye(len(out), dtype=np.int64)[0] if stats.step % 10 == 9 else out
 
 
-def fetch(indices):
-    x = indices.astype(np.float32)[:, None]
-    return x, np.sin(x)
-
-
-model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_shape=(1,)), tf.keras.layers.Dense(1)])
-model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+model, fetch = sine_job()
 feed = lb.BalancedFeed.from_function(fetch, 2048, global_batch=16, seed=1)
 balancer = lb.LoadBalancer(feed, policy=Miscounting(), predictor=Unpicklable(), csv_path=csv_path,
                            state_path=os.path.join(out_dir, "state_{rank}.pkl"))
