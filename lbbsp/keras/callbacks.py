@@ -95,7 +95,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name}={value!r} is not allowed: give a path string or None")
             try:
-                value is None or value.format(rank=0)
+                if value is not None:
+                    value.format(rank=0)
             except (KeyError, IndexError, ValueError) as exc:
                 raise ValueError(f"{name}={value!r} is not allowed: the only field it may hold is {{rank}} "
                                  f"({exc!r}); write a literal brace as {{{{ or }}}}") from exc
