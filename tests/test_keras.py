@@ -59,6 +59,25 @@ def test_logs_history_and_csv(tmp_path):
     assert "proc_cpu" in rows[0], "telemetry columns go with the CSV"
 
 
+def test_step_timings_ignore_a_wall_clock_that_jumps(monkeypatch):
+    # The wall clock set back an hour and forth again (NTP) while training: a step's times come from the monotonic
+    # clock, so none is negative or an hour long.
+    import time
+    real, calls = time.time, [0]
+
+    def jumping():
+        calls[0] += 1
+        return real() + (-3600.0 if calls[0] % 3 else 3600.0)
+
+    feed = lb.BalancedFeed(X, Y, global_batch=16)
+    balancer = lb.LoadBalancer(feed, predictor="ema")
+    monkeypatch.setattr(time, "time", jumping)
+    fit(tiny(), feed, balancer, epochs=2)
+    monkeypatch.setattr(time, "time", real)
+    for row in balancer.history:
+        assert all(0 <= row[key] < 60 for key in ("compute", "wait", "step_time")), row
+
+
 def test_train_function_traced_once_for_all_batch_sizes():
     # Schedule [16, 16, 16, 2]: two batch sizes; the count equals that of a run with one size.
     feed = lb.BalancedFeed(X, Y, global_batch=16)

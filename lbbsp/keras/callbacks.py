@@ -264,7 +264,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def on_train_batch_begin(self, step, logs=None):
         started, cpu = time.perf_counter(), time.thread_time()
-        self._t_begin = time.time()
+        self._t_begin = started
         self._plan = self.core.before_step(self._epoch, step)
         self._state.set_scale(self._plan.sizes[self.rank] / float(self.feed.epoch_schedule.of(self._epoch)[step]))
         self._hooks = (time.perf_counter() - started, time.thread_time() - cpu)
@@ -288,7 +288,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         wait = state.done - state.joined
         record = dict(time=t_end, epoch=self._epoch, step=step, rank=self.rank, workers=self.size,
                       global_batch=int(np.sum(self._plan.sizes)), batch_size=local, wait=wait,
-                      step_time=t_end - self._t_begin, overhead=self._hooks[0] + time.perf_counter() - started,
+                      step_time=started - self._t_begin, overhead=self._hooks[0] + time.perf_counter() - started,
                       overhead_cpu=self._hooks[1] + time.thread_time() - cpu)
         speed, forecast, compute = self.core.after_step(self._epoch, step, state.gathered.copy(), record,
                                                         _broadcast("lbbsp_resync"))

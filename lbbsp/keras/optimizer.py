@@ -28,7 +28,9 @@ class BalanceState:
     when it changes. `on_local` (set by the callback) is called when this
     worker's gradients exist, with its compute seconds, and returns the rest
     of its exchanged row (its forecast). A plain object, not a Trackable, so
-    none of this ends up in the user's checkpoints or saved models.
+    none of this ends up in the user's checkpoints or saved models. Its
+    times are on the monotonic clock: a wall clock set back or forth (NTP)
+    would corrupt the step it lands in.
     """
 
     def __init__(self, rank, size):
@@ -61,7 +63,7 @@ class BalanceState:
 
     def restart_clock(self, now=None):
         """Start the busy period of the next step now (after work that is not per-step, e.g. validation)."""
-        self.begin = time.time() if now is None else now
+        self.begin = time.perf_counter() if now is None else now
 
     def on_ready(self, _gradients_computed):
         """Graph callback when the local gradients exist (its input, `_computed`, arrives only then): this
@@ -73,17 +75,17 @@ class BalanceState:
         under a small CPU quota a forecast's fraction of a millisecond of CPU takes several of wall
         time). A balancer that left it out would give that worker too much.
         """
-        self.ready = time.time()
+        self.ready = time.perf_counter()
         begin = self.begin if self.begin is not None else self.ready
         compute = self.ready - begin + self.local_cost
         local = self.on_local(compute) if self.on_local is not None else {}
-        self.joined = time.time()
+        self.joined = time.perf_counter()
         self.local_cost = self.joined - self.ready
         return exchange.pack_local(self._rows, self.rank, compute=compute, **local)
 
     def on_done(self, gathered):
         """Graph callback when the gradient and stats allreduces are done: keep every rank's row."""
-        self.done = time.time()
+        self.done = time.perf_counter()
         self.gathered = np.asarray(gathered, dtype=np.float64)
         self.begin = self.done
         self.steps += 1
