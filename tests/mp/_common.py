@@ -59,17 +59,15 @@ def trusting_policy(**kwargs):
     return Trusting(**kwargs)
 
 
-def sine_job(fetch_samples=None):
+def sine_job():
     """A tiny regression (x = sample index, y = sin x) that any rank reads by index: its compiled model, with
-    lbbsp's optimizer, and its sample function (`fetch_samples(indices)` first sees every read)."""
+    lbbsp's optimizer, and its sample function."""
     import numpy as np
     import tensorflow as tf
 
     import lbbsp.keras as lb
 
     def fetch(indices):
-        if fetch_samples is not None:
-            fetch_samples(indices)
         x = indices.astype(np.float32)[:, None]
         return x, np.sin(x)
 
