@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 
-from .allocation import Bounds, sanitize, split
+from .allocation import Bounds
 from .consistency import digest as split_digest
 from .exchange import unpack
 from .forecasting import check_budget
 from .membership import worker_index
 from .metrics import balanced_time
-from .policies import StepStats, make_policy
+from .policies import StepStats, make_policy, proportional
 from .sharding import EpochSchedule
 
 __all__ = ["BalanceController", "Plan", "DECISION_BUDGET", "MAX_PERIOD"]
@@ -174,10 +174,11 @@ class BalanceController:
                 log.warning("lbbsp: the %s policy failed (%r); keeping the split it had (warned once)",
                             self.policy.name, exc)
             self._failed = True
-            if fallback is not None or int(self._held.sum()) == args[-1]:
-                return self._held.copy() if fallback is None else fallback
-            none = np.zeros(self.size)  # the held split's shares of another global batch (an epoch's last step)
-            return split(int(args[-1]), self.policy.bounds, sanitize(self._held, 1.0), none, none)
+            if fallback is not None:
+                return fallback
+            if int(self._held.sum()) == args[-1]:
+                return self._held.copy()
+            return proportional(args[-1], self.policy.bounds, self._held)  # another global batch: an epoch's last step
 
     def state(self):
         """The decision state, identical on every rank; for checkpoints."""

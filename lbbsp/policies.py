@@ -11,8 +11,8 @@ from .allocation import Bounds, sanitize, split, step_times
 from .membership import remap
 from .steptime import StepTimeModel
 
-__all__ = ["StepStats", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy", "DBSPolicy", "PIDPolicy",
-           "LBBSPPolicy", "POLICIES", "make_policy"]
+__all__ = ["StepStats", "proportional", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy", "DBSPolicy",
+           "PIDPolicy", "LBBSPPolicy", "POLICIES", "make_policy"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,12 @@ class StepStats:
         """Measured speed b_i / compute_i (NaN where compute is not positive)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.compute > 0, self.batches / self.compute, np.nan)
+
+
+def proportional(total, bounds, shares):
+    """Batches of `total` proportional to `shares` (no fixed costs, no floors), within `bounds` and on its grid."""
+    zeros = np.zeros(bounds.num_workers)
+    return split(int(total), bounds, sanitize(shares, 1.0), zeros, zeros)
 
 
 def _positive(name, value, low=0.0, integer=False, high=np.inf):
@@ -67,9 +73,7 @@ class Policy:
         return self.bounds.num_workers
 
     def _split(self, shares, total):
-        """Batches proportional to `shares` (no fixed costs, no floors), within the bounds and on the grid."""
-        zeros = np.zeros(self.num_workers)
-        return split(int(total), self.bounds, sanitize(shares, 1.0), zeros, zeros)
+        return proportional(total, self.bounds, shares)
 
     def resize(self, global_batch):
         """The current shares for a step whose global batch differs (the end of an epoch)."""
