@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 
-from .allocation import Bounds
 from .consistency import digests_agree
 from .controller import BalanceController
 from .exchange import unpack
@@ -79,8 +78,7 @@ class Balancer:
         self.abandon()
         self.rank, self.size = rank, size
         feed = self.feed
-        bounds = Bounds.of(size, feed.global_batch, feed.b_min, feed.b_max, feed.grid)
-        self._start = (feed.epoch_schedule, bounds, epoch, 0, self.warm_shapes, gpu)
+        self._start = (feed.epoch_schedule, feed.bounds, epoch, 0, self.warm_shapes, gpu)
         # Published at the first step, whose key a resumed fit only then tells (Keras skips finished steps).
         self._pending = self.controller.start(*self._start)
         log.info("lbbsp: %d workers, global batch %d, batches on multiples of %d", size, feed.global_batch, feed.grid)

@@ -145,6 +145,11 @@ class BatchFeed:
         return self.batch_multiple or default_multiple(self.global_batch, self.size)
 
     @property
+    def bounds(self):
+        """The batch sizes each worker may run (`b_min`, `b_max`) and the batch grid, as lbbsp.allocation.Bounds."""
+        return Bounds.of(self.size, self.global_batch, self.b_min, self.b_max, self.grid)
+
+    @property
     def steps_per_epoch(self):
         """Steps of a whole epoch (the resumed epoch has `epoch_schedule.steps_in(epoch)`)."""
         return self.epoch_schedule.steps_per_epoch

@@ -8,7 +8,6 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..allocation import Bounds
 from ..balancer import Balancer
 from ..consistency import build_mismatch, numpy_build
 from ..controller import DECISION_BUDGET, BalanceController
@@ -197,10 +196,10 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def _warm_up(self):
         """Set up `warm_shapes` before training: one forward and backward pass each, weights left as they were."""
-        shapes, feed = self.core.warm_shapes, self.feed
+        shapes = self.core.warm_shapes
         if not shapes:
             return
-        bounds = Bounds.of(self.size, feed.global_batch, feed.b_min, feed.b_max, feed.grid)
+        bounds = self.feed.bounds
         useless = [b for b in shapes if not bounds.lower.min() <= b <= bounds.upper.max()]
         if useless:  # a pass at a batch no worker may run costs time, or a GPU's memory
             raise ValueError(f"warm_shapes={list(shapes)!r} is not allowed: {useless} lie outside the batch sizes a "
