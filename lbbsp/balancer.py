@@ -7,7 +7,8 @@ published as an immutable `lbbsp.controller.Plan` into the feed's plan queue
 (lbbsp.feed), the one owner of every step's split, and the train thread
 reads the plan of the step it runs from there. The controller, its policy and
 the step log belong to the decision thread; the train thread touches them
-only after waiting for every queued decision (`drain`).
+only after waiting for every queued decision (`drain`). A decision runs while
+the next step's allreduce does (`Background`).
 """
 import collections
 import concurrent.futures
@@ -15,6 +16,7 @@ import logging
 import math
 import os
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -32,17 +34,44 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """One thread that runs a rank's decisions in order, off the training step."""
+    """One thread that runs a rank's decisions in order, each once it is released.
+
+    The train step after the one that queued a decision releases it when this worker's gradients exist
+    (`Balancer.local`): the train thread then waits in the allreduce and its core is idle. Run as soon as
+    it was queued, a decision would hold the GIL and share the core while the next step is dispatched and
+    computed, and its CPU would land on the critical path (docs/results.md, "Where a decision runs"). A
+    decision that the train thread waits for is released at once; none waits longer than WAIT seconds.
+    """
+
+    #: Seconds a queued decision waits at most: where steps are longer, where it runs no longer matters.
+    WAIT = 1.0
 
     def __init__(self):
         self._pool = None
+        self._gate = threading.Condition()
+        self._queued = self._released = 0
 
     def submit(self, fn, *args):
+        """Queue `fn(*args)`: it runs after every decision queued before it, once released."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lbbsp")
-        return self._pool.submit(fn, *args)
+        with self._gate:
+            ticket, self._queued = self._queued, self._queued + 1
+        return self._pool.submit(self._run, ticket, fn, args)
+
+    def _run(self, ticket, fn, args):
+        with self._gate:
+            self._gate.wait_for(lambda: self._released > ticket, self.WAIT)
+        return fn(*args)
+
+    def release(self):
+        """Let every decision queued so far start."""
+        with self._gate:
+            self._released = self._queued
+            self._gate.notify_all()
 
     def close(self):
+        self.release()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -105,6 +134,8 @@ class Balancer:
             for plan in first if first and first[0].key == key else self.controller.initial_plans(*key):
                 self.feed.publish(plan)
             self._pending = None
+        if self.feed.plan_of(*key) is None:
+            self._thread.release()
         while self.feed.plan_of(*key) is None and self._decisions:
             self._decisions.popleft().result()
         plan = self.feed.plan_of(*key)
@@ -140,6 +171,7 @@ class Balancer:
         elif self.forecaster is not None:
             self.forecaster.shapes.add(batch)  # set up during the warm-up steps
         self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
+        self._thread.release()  # the decisions queued so far run while this step's allreduce does
         return {"forecast": forecast, "split": self._plan.digest, "decision": self._plan.cost}
 
     def after_step(self, epoch, step, gathered, record, broadcast):
@@ -167,6 +199,7 @@ class Balancer:
         self._decisions.append(self._thread.submit(self._decide, epoch, step, np.array(gathered), sizes,
                                                    dict(record)))
         if self.controller.plan_ahead == 0:
+            self._thread.release()
             self._decisions.popleft().result()
         return record["speed"], forecast, compute
 
@@ -202,11 +235,13 @@ class Balancer:
 
     def drain(self):
         """Wait for every queued decision."""
+        self._thread.release()
         while self._decisions:
             self._decisions.popleft().result()
 
     def abandon(self):
         """Let decisions queued by an interrupted fit finish; their results are of no use any more."""
+        self._thread.release()
         while self._decisions:
             try:
                 self._decisions.popleft().result()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from lbbsp.balancer import Balancer
+from lbbsp.balancer import Background, Balancer
 from lbbsp.controller import BalanceController
 from lbbsp.feed import BatchFeed
 from lbbsp.forecasting import Forecaster
@@ -53,6 +53,47 @@ def test_a_slow_decision_thread_changes_no_decision():
     assert splits[0] == splits[1] == slow_splits[0] == slow_splits[1]
     assert np.array_equal(np.array(forecasts), np.array(slow_forecasts), equal_nan=True)
     assert splits[0][-1][0] > 2 * splits[0][-1][1], "the slowed worker's batch moved"
+
+
+def test_queued_decisions_run_in_order_once_released():
+    background, ran = Background(), []
+    first, second = background.submit(ran.append, 1), background.submit(ran.append, 2)
+    time.sleep(0.05)
+    assert ran == [], "a queued decision started before it was released"
+    background.release()
+    first.result(timeout=5), second.result(timeout=5)
+    third = background.submit(ran.append, 3)
+    time.sleep(0.05)
+    assert ran == [1, 2]
+    background.release()
+    third.result(timeout=5)
+    assert ran == [1, 2, 3]
+    background.WAIT = 0.01  # never released: it runs all the same
+    background.submit(ran.append, 4).result(timeout=5)
+    assert ran == [1, 2, 3, 4]
+    background.close()
+
+
+def test_a_decision_runs_once_the_next_steps_gradients_exist():
+    feed = BatchFeed(np.arange(4096, dtype=np.float32), global_batch=64, rank=0, size=1)
+    controller = BalanceController("lbbsp", warmup_steps=0, plan_ahead=1)
+    decided, decide = [], controller.decide
+    controller.decide = lambda *args: (decided.append(args[:2]), decide(*args))[1]
+    balancer = Balancer(feed, controller, Forecaster("last", budget=None))
+    balancer.begin(0, 1)
+    for step in range(3):
+        plan = balancer.before_step(0, step)
+        balancer.local(0.01)
+        waited = time.monotonic()
+        while len(decided) < step and time.monotonic() - waited < 5:
+            time.sleep(0.001)
+        assert decided == [(0, s) for s in range(step)], "the decisions queued before this step's gradients ran"
+        balancer.after_step(0, step, np.array([[np.nan, 0.01, plan.digest, 0.0]]),
+                            dict(overhead=0.0, overhead_cpu=0.0), broadcast=lambda obj: obj)
+        time.sleep(0.05)
+        assert decided == [(0, s) for s in range(step)], "a decision ran beside the next step's dispatch"
+    balancer.end()
+    assert decided == [(0, 0), (0, 1), (0, 2)]
 
 
 def test_the_train_thread_reads_only_the_plans_it_is_handed():
