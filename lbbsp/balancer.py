@@ -40,7 +40,8 @@ class Background:
     (`Balancer.local`): the train thread then waits in the allreduce and its core is idle. Run as soon as
     it was queued, a decision would hold the GIL and share the core while the next step is dispatched and
     computed, and its CPU would land on the critical path (docs/results.md, "Where a decision runs"). A
-    decision that the train thread waits for is released at once; none waits longer than WAIT seconds.
+    decision that the train thread waits for is released at once, as is every one on a worker under a CPU
+    quota (`Balancer.after_step`); none waits longer than WAIT seconds.
     """
 
     #: Seconds a queued decision waits at most: where steps are longer, where it runs no longer matters.
@@ -120,6 +121,7 @@ class Balancer:
         self.resynced, self._unchecked_until = [], -1
         self._counts, self._shapes = self._forecast_counts(), self._shape_counts()
         self._ran = 0  # steps this run has started: the train thread's own count
+        self._quota = False  # this worker ran its latest step under a CPU quota (below one core)
 
     def continue_from(self, state):
         """Take over a saved decision state (a resume); the first step plans from its split."""
@@ -164,13 +166,14 @@ class Balancer:
                 self.telemetry = None
         offset = float(self._plan.offsets[self.rank])
         forecast, batch = math.nan, int(self._plan.sizes[self.rank])
+        share = self.telemetry.cpu_share if self.telemetry is not None else 1.0
         # The decision that reads this step's forecast is past the controller's warm-up from this step on.
         if self.forecaster is not None and self._ran > self.controller.warmup_steps:
-            share = self.telemetry.cpu_share if self.telemetry is not None else 1.0
             forecast = self.forecaster.update(batch, compute, offset, features, share, reading)
         elif self.forecaster is not None:
             self.forecaster.shapes.add(batch)  # set up during the warm-up steps
         self._local = (compute, offset, forecast, features, time.perf_counter() - started, time.thread_time() - cpu)
+        self._quota = share < 1.0
         self._thread.release()  # the decisions queued so far run while this step's allreduce does
         return {"forecast": forecast, "split": self._plan.digest, "decision": self._plan.cost}
 
@@ -198,8 +201,11 @@ class Balancer:
             self._decisions.popleft().result()
         self._decisions.append(self._thread.submit(self._decide, epoch, step, np.array(gathered), sizes,
                                                    dict(record)))
-        if self.controller.plan_ahead == 0:
+        if self.controller.plan_ahead == 0 or self._quota:
+            # Under a CPU quota no core idles in the allreduce: the decision's CPU delays the worker wherever it
+            # runs, and run now it shows in the next step's compute time, which the split accounts for.
             self._thread.release()
+        if self.controller.plan_ahead == 0:
             self._decisions.popleft().result()
         return record["speed"], forecast, compute
 

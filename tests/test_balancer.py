@@ -96,6 +96,33 @@ def test_a_decision_runs_once_the_next_steps_gradients_exist():
     assert decided == [(0, 0), (0, 1), (0, 2)]
 
 
+class QuotaTelemetry:
+    """A worker's readings under a CFS quota of half a core."""
+
+    features, cpu_share = ("cpu",), 0.5
+
+    def sample(self):
+        return (50.0,)
+
+
+def test_under_a_cpu_quota_a_decision_runs_at_once():
+    feed = BatchFeed(np.arange(4096, dtype=np.float32), global_batch=64, rank=0, size=1)
+    controller = BalanceController("equal", warmup_steps=0, plan_ahead=1)
+    decided, decide = [], controller.decide
+    controller.decide = lambda *args: (decided.append(args[:2]), decide(*args))[1]
+    balancer = Balancer(feed, controller, telemetry=QuotaTelemetry())
+    balancer.begin(0, 1)
+    plan = balancer.before_step(0, 0)
+    balancer.local(0.01)
+    balancer.after_step(0, 0, np.array([[np.nan, 0.01, plan.digest, 0.0]]), dict(overhead=0.0, overhead_cpu=0.0),
+                        broadcast=lambda obj: obj)
+    waited = time.monotonic()
+    while not decided and time.monotonic() - waited < 0.5:  # far below Background.WAIT
+        time.sleep(0.001)
+    assert decided == [(0, 0)], "a decision under a quota waited for the next step"
+    balancer.end()
+
+
 def test_the_train_thread_reads_only_the_plans_it_is_handed():
     feed = BatchFeed(np.arange(512, dtype=np.float32), global_batch=64, rank=0, size=1)
     balancer = Balancer(feed, BalanceController("lbbsp", warmup_steps=0), Forecaster("last", budget=None))
