@@ -52,12 +52,15 @@ class Background:
         self._gate = threading.Condition()
         self._queued = self._released = 0
 
-    def submit(self, fn, *args):
-        """Queue `fn(*args)`: it runs after every decision queued before it, once released."""
+    def submit(self, fn, *args, hold=True):
+        """Queue `fn(*args)`: it runs after every decision queued before it, once released (at once without
+        `hold`)."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lbbsp")
         with self._gate:
             ticket, self._queued = self._queued, self._queued + 1
+            if not hold:
+                self._released = self._queued
         return self._pool.submit(self._run, ticket, fn, args)
 
     def _run(self, ticket, fn, args):
@@ -199,12 +202,11 @@ class Balancer:
             sizes = self._resync(index, broadcast)
         while self._decisions and self._decisions[0].done():  # finished ones: keep the queue a step or two long
             self._decisions.popleft().result()
+        # Under a CPU quota no core idles in the allreduce: the decision's CPU delays the worker wherever it runs,
+        # and run at once it shows in the next step's compute time, which the split accounts for.
+        hold = self.controller.plan_ahead > 0 and not self._quota
         self._decisions.append(self._thread.submit(self._decide, epoch, step, np.array(gathered), sizes,
-                                                   dict(record)))
-        if self.controller.plan_ahead == 0 or self._quota:
-            # Under a CPU quota no core idles in the allreduce: the decision's CPU delays the worker wherever it
-            # runs, and run now it shows in the next step's compute time, which the split accounts for.
-            self._thread.release()
+                                                   dict(record), hold=hold))
         if self.controller.plan_ahead == 0:
             self._decisions.popleft().result()
         return record["speed"], forecast, compute

@@ -68,9 +68,10 @@ def test_queued_decisions_run_in_order_once_released():
     background.release()
     third.result(timeout=5)
     assert ran == [1, 2, 3]
+    background.submit(ran.append, 4, hold=False).result(timeout=0.5)  # far below WAIT: it was not held
     background.WAIT = 0.01  # never released: it runs all the same
-    background.submit(ran.append, 4).result(timeout=5)
-    assert ran == [1, 2, 3, 4]
+    background.submit(ran.append, 5).result(timeout=5)
+    assert ran == [1, 2, 3, 4, 5]
     background.close()
 
 
