@@ -347,7 +347,8 @@ def sample_pipeline_feed(read, **kwargs):
     return lb.BalancedFeed.from_sample_fn(load, len(X), global_batch=16, **kwargs)
 
 
-def test_per_sample_pipeline_with_prefetch_trains_and_reads_every_sample_once():
+@pytest.mark.parametrize("plan_ahead", [1, 2])  # 2: a whole step of read-ahead (README, "Input pipelines")
+def test_per_sample_pipeline_with_prefetch_trains_and_reads_every_sample_once(plan_ahead):
     feed = sample_pipeline_feed([], prefetch=1)
     seen = []
 
@@ -360,7 +361,7 @@ def test_per_sample_pipeline_with_prefetch_trains_and_reads_every_sample_once():
             hist_epochs.append(epoch)
 
     hist_epochs = []
-    balancer = lb.LoadBalancer(feed, predictor="ema", plan_ahead=1)
+    balancer = lb.LoadBalancer(feed, predictor="ema", plan_ahead=plan_ahead)
     model = tiny()
     hist = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=2, verbose=0,
                      callbacks=[balancer, Collect()])
