@@ -11,8 +11,10 @@ time the step and carry the stats, no callback, no feed) and
 lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
 ahead, off the critical path), lbbsp+NARX with plan_ahead=0 (decision on
 the critical path), lbbsp+NARX without its forecast cost budget (the
-predictor runs at every step) and lbbsp+NARX without its decision budget
-(a decision at every step) train the same model on identical workers, interleaved
+predictor runs at every step), lbbsp+NARX without its decision budget
+(a decision at every step) and lbbsp+NARX whose decisions start as soon as
+they are queued (`atonce`: beside the next step's dispatch and compute, as
+before they were held until its gradients exist) train the same model on identical workers, interleaved
 over several rounds in the same processes, so machine noise hits all alike.
 With --quota every rank runs under that cgroup CPU quota (cores), where each
 millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
@@ -32,7 +34,7 @@ import time
 import numpy as np
 
 VARIANTS = ("local", "horovod", "optimizer", "equal", "lbbsp-ema", "lbbsp-narx", "lbbsp-narx-inline",
-            "lbbsp-narx-always", "lbbsp-narx-every")
+            "lbbsp-narx-always", "lbbsp-narx-every", "lbbsp-narx-atonce")
 
 
 def main(argv=None):
@@ -42,13 +44,20 @@ def main(argv=None):
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch")
     parser.add_argument("--quota", type=float, help="cgroup CPU quota of every rank, in cores (needs root)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, from {', '.join(VARIANTS)} (horovod always runs: the baseline)")
     args = parser.parse_args(argv)
+    variants = ["horovod"] + [v for v in args.variants.split(",") if v and v != "horovod"]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants={args.variants!r}: {unknown} are not variants; choose from {', '.join(VARIANTS)}")
     if args.rounds < 1 or args.steps < 30 or (args.quota is not None and args.quota <= 0):
         parser.error(f"--rounds={args.rounds} (>= 1), --steps={args.steps} (>= 30), --quota={args.quota} (> 0)")
 
     import os
 
     import lbbsp.keras as lb
+    from lbbsp.balancer import Background
 
     from .contention import CpuQuota
     from .runtime import init_worker
@@ -99,19 +108,24 @@ def main(argv=None):
                                    predictor=predictor or "ema", plan_ahead=0 if mode == "inline" else 1,
                                    **({"forecast_budget": None} if mode == "always" else
                                       {"decision_budget": None} if mode == "every" else {}))
-        model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
-                  callbacks=callbacks + [balancer, clock])
+        held = Background.WAIT
+        Background.WAIT = 0.0 if mode == "atonce" else held  # 0: a queued decision starts at once
+        try:
+            model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
+                      callbacks=callbacks + [balancer, clock])
+        finally:
+            Background.WAIT = held
         rows = balancer.history[warmup:]
         return clock.times[warmup:], (float(np.median([r["overhead"] for r in rows])),
                                       float(np.median([r["background"] for r in rows]))), clock.cpu_per_step
 
-    times = {v: [] for v in VARIANTS}
-    rounds = {v: [] for v in VARIANTS}
-    costs = {v: [] for v in VARIANTS}
-    cpu = {v: [] for v in VARIANTS}
+    times = {v: [] for v in variants}
+    rounds = {v: [] for v in variants}
+    costs = {v: [] for v in variants}
+    cpu = {v: [] for v in variants}
     try:
         for _ in range(args.rounds):
-            for variant in VARIANTS:
+            for variant in variants:
                 t, c, seconds = run(variant)
                 cpu[variant].append(seconds)
                 times[variant].extend(t)
@@ -127,7 +141,7 @@ def main(argv=None):
               f"rounds x {args.steps - warmup - 1} steady steps per variant, interleaved")
         print(f"{'variant':<19}{'step ms':>9}{'rounds [min-max]':>18}{'extra ms':>10}{'extra %':>9}{'mean %':>8}"
               f"{'CPU ms':>8}{'critical-path ms':>18}{'background ms':>15}")
-        for variant in VARIANTS:
+        for variant in variants:
             step = float(np.median(times[variant]))
             spread = f"[{min(rounds[variant]):.2f}-{max(rounds[variant]):.2f}]"
             head = f"{variant:<19}{1e3 * step:>9.2f}{spread:>18}{1e3 * (step - base):>+10.2f}" \
@@ -138,6 +152,10 @@ def main(argv=None):
                 continue
             path, background = np.nanmedian(np.array(costs[variant]), axis=0)
             print(f"{head}{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
+        if "lbbsp-narx" in rounds and "lbbsp-narx-atonce" in rounds:
+            paired = np.array(rounds["lbbsp-narx"]) / np.array(rounds["lbbsp-narx-atonce"])
+            print(f"lbbsp-narx / lbbsp-narx-atonce, median step paired per round: {np.median(paired):.3f} (lower in "
+                  f"{int((paired < 1).sum())} of {len(paired)} rounds)")
     return 0
 
 

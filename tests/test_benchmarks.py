@@ -664,3 +664,10 @@ def test_alike_replays_identical_workers_noise_through_the_decision(tmp_path, ca
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_overhead_names_an_unknown_variant(capsys):
+    from benchmarks import overhead
+    with pytest.raises(SystemExit):
+        overhead.main(["--variants", "lbbsp-narx,lbbsp-narx-later"])
+    assert "['lbbsp-narx-later'] are not variants" in capsys.readouterr().err
