@@ -7,24 +7,24 @@ training alone on its shard, so the rest of a step is the allreduce), plain
 Horovod (hvd.DistributedOptimizer, its shard through tf.data's batch and
 prefetch, equal batches), lbbsp's DistributedOptimizer alone on the same
 pipeline (`optimizer`: the weighted gradients and the graph callbacks that
-time the step and carry the stats, no callback, no feed) and
-lbbsp with policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step
-ahead, off the critical path), lbbsp+NARX with plan_ahead=0 (decision on
-the critical path), lbbsp+NARX without its forecast cost budget (the
-predictor runs at every step), lbbsp+NARX without its decision budget
-(a decision at every step) and lbbsp+NARX whose decisions start as soon as
-they are queued (`atonce`: beside the next step's dispatch and compute, as
-before they were held until its gradients exist) train the same model on identical workers, interleaved
-over several rounds in the same processes, so machine noise hits all alike.
-With --quota every rank runs under that cgroup CPU quota (cores), where each
-millisecond of plugin CPU costs about 1/quota milliseconds of wall time.
-Reported per variant: the median steady-state step time (warm-up steps
-dropped), the range of the per-round medians, the extra milliseconds per
-step over plain Horovod and their share of its step time, the mean step
+time the step and carry the stats, no callback, no feed) and lbbsp with
+policies equal, lbbsp+EMA, lbbsp+NARX (decisions planned one step ahead, off
+the critical path), lbbsp+NARX with plan_ahead=0 (decision on the critical
+path), lbbsp+NARX without its forecast cost budget (the predictor runs at
+every step), lbbsp+NARX without its decision budget (a decision at every
+step) and lbbsp+NARX whose decisions start as soon as they are queued
+(`atonce`: beside the next step's dispatch and compute, as before they were
+held until its gradients exist) train the same model on identical workers,
+interleaved over several rounds in the same processes, so machine noise hits
+all alike. With --quota every rank runs under that cgroup CPU quota (cores),
+where each millisecond of plugin CPU costs about 1/quota milliseconds of
+wall time. Reported per variant: the median steady-state step time (warm-up
+steps dropped), the range of the per-round medians, the extra milliseconds
+per step over plain Horovod and their share of its step time, the mean step
 time against plain Horovod's (what an epoch takes), the process's CPU time
 per step (every thread: TensorFlow's, Horovod's, the plugin's), the plugin's
-median time on the critical path, and the median time of its background
-work (the decision; the forecast is on the critical path).
+median time on the critical path, and the median time of its background work
+(the decision; the forecast is on the critical path).
 """
 import argparse
 import resource
