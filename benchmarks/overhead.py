@@ -154,8 +154,8 @@ def main(argv=None):
             print(f"{head}{1e3 * path:>18.3f}{1e3 * background:>15.3f}")
         if "lbbsp-narx" in rounds and "lbbsp-narx-atonce" in rounds:
             paired = np.array(rounds["lbbsp-narx"]) / np.array(rounds["lbbsp-narx-atonce"])
-            print(f"lbbsp-narx / lbbsp-narx-atonce, median step paired per round: {np.median(paired):.3f} (lower in "
-                  f"{int((paired < 1).sum())} of {len(paired)} rounds)")
+            print(f"Paired per round, the median step of lbbsp-narx / lbbsp-narx-atonce: {np.median(paired):.3f} "
+                  f"(lower in {int((paired < 1).sum())} of {len(paired)} rounds)")
     return 0
 
 
