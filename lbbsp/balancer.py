@@ -139,9 +139,8 @@ class Balancer:
             for plan in first if first and first[0].key == key else self.controller.initial_plans(*key):
                 self.feed.publish(plan)
             self._pending = None
-        if self.feed.plan_of(*key) is None:
-            self._thread.release()
         while self.feed.plan_of(*key) is None and self._decisions:
+            self._thread.release()  # the train thread waits for it: nothing to keep clear of
             self._decisions.popleft().result()
         plan = self.feed.plan_of(*key)
         if plan is None:
