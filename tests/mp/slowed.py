@@ -60,7 +60,9 @@ def run(policy_name):
     tail = [r for r in balancer.history if r["epoch"] >= 2]
     return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
             "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history])),
-            "sizes": sorted({int(r["batch_size"]) for r in balancer.history}), "grid": feed.grid}
+            "sizes": sorted({int(r["batch_size"]) for r in balancer.history}), "grid": feed.grid,
+            "trace": [(int(r["epoch"]), int(r["step"]), int(r["batch_size"]), round(1e3 * r["compute"], 2))
+                      for r in balancer.history]}  # (epoch, step, batch, compute ms): evidence should it fail
 
 
 if rank == 1:
