@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_shipped_scenarios_load():
     names = list_scenarios()
     assert {"static-4", "static-4-mlp", "dynamic-2", "step-change-2", "homogeneous-2", "homogeneous-2-mlp",
-            "accuracy-2", "slowed-2"} <= set(names)
+            "accuracy-2", "slowed-2", "shared-2"} <= set(names)
     for name in names:
         s = Scenario.load(name)
         assert len(s.speeds) == s.workers and s.states(0)
@@ -40,6 +40,8 @@ def test_shipped_scenarios_load():
     assert d.cores_given(0, 21) == pytest.approx(0.5), "a hog leaves half the core"
     assert d.state(1, 48 + 5) == d.state(1, 5) and d.state(0, 48 + 29) == (1.0, False), "the pattern repeats"
     assert Scenario.load("step-change-2").states(1) == [(0.25, False), (1.0, False)]
+    shared = Scenario.load("shared-2")
+    assert shared.cores_given(0, 9) == 1.0 and shared.cores_given(1, 0) == pytest.approx(0.5), "no quota binds"
 
 
 @pytest.mark.parametrize("patch, message", [
