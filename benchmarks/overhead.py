@@ -57,7 +57,6 @@ def main(argv=None):
     import os
 
     import lbbsp.keras as lb
-    from lbbsp.balancer import Background
 
     from .contention import CpuQuota
     from .runtime import init_worker
@@ -108,13 +107,10 @@ def main(argv=None):
                                    predictor=predictor or "ema", plan_ahead=0 if mode == "inline" else 1,
                                    **({"forecast_budget": None} if mode == "always" else
                                       {"decision_budget": None} if mode == "every" else {}))
-        held = Background.WAIT
-        Background.WAIT = 0.0 if mode == "atonce" else held  # 0: a queued decision starts at once
-        try:
-            model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
-                      callbacks=callbacks + [balancer, clock])
-        finally:
-            Background.WAIT = held
+        if mode == "atonce":  # a queued decision starts at once (on this balancer's thread only)
+            balancer.core._thread.WAIT = 0.0
+        model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
+                  callbacks=callbacks + [balancer, clock])
         rows = balancer.history[warmup:]
         return clock.times[warmup:], (float(np.median([r["overhead"] for r in rows])),
                                       float(np.median([r["background"] for r in rows]))), clock.cpu_per_step

@@ -20,6 +20,7 @@ import threading
 import time
 
 import numpy as np
+from predictor.telemetry import QuotaReader
 
 from .consistency import digests_agree
 from .controller import BalanceController
@@ -85,7 +86,8 @@ class Balancer:
     """LB-BSP for one rank of a job, fed by a framework adapter (see the module docstring).
 
     `telemetry` is a predictor.telemetry reader or None; `broadcast(obj)` returns rank 0's `obj` on every rank
-    (a collective); `warm_shapes` the batch sizes every worker set up before training.
+    (a collective); `warm_shapes` the batch sizes every worker set up before training. `quota` reads this
+    worker's CPU quota (predictor.telemetry.QuotaReader), whatever the predictor reads.
     """
 
     def __init__(self, feed, controller, forecaster=None, telemetry=None, csv_path=None, keep_steps=1000,
@@ -97,6 +99,7 @@ class Balancer:
         self.feed, self.controller, self.forecaster, self.telemetry = feed, controller, forecaster, telemetry
         self.csv_path, self.keep_steps, self.warm_shapes = csv_path, keep_steps, tuple(warm_shapes)
         self.steps = StepLog(keep=keep_steps)
+        self.quota = QuotaReader()
         self._thread = Background()
         self._decisions = collections.deque()
         self.resynced = []
@@ -168,7 +171,7 @@ class Balancer:
                 self.telemetry = None
         offset = float(self._plan.offsets[self.rank])
         forecast, batch = math.nan, int(self._plan.sizes[self.rank])
-        share = self.telemetry.cpu_share if self.telemetry is not None else 1.0
+        share = self.quota.share()
         # The decision that reads this step's forecast is past the controller's warm-up from this step on.
         if self.forecaster is not None and self._ran > self.controller.warmup_steps:
             forecast = self.forecaster.update(batch, compute, offset, features, share, reading)

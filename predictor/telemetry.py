@@ -31,7 +31,7 @@ import psutil
 
 from .nvml import GPU_FEATURES, GPU_NEUTRAL
 
-__all__ = ["CPU_FEATURES", "FEATURES", "NEUTRAL", "Telemetry", "cgroup_cpu_dir"]
+__all__ = ["CPU_FEATURES", "FEATURES", "NEUTRAL", "Telemetry", "QuotaReader", "cgroup_cpu_dir"]
 
 CPU_FEATURES = ("proc_cpu", "sys_cpu", "run_queue", "mem_available", "proc_rss", "cpu_quota", "throttled",
                 "ctx_involuntary")
@@ -65,6 +65,40 @@ def cgroup_cpu_dir(pid="self"):
             if os.path.exists(path + "/cpu.max"):
                 return path.rstrip("/")
     return None
+
+
+def quota_cores(cgroup):
+    """The CPU quota of the cgroup directory `cgroup` in cores (v2 cpu.max or v1 cfs files); None without one."""
+    if cgroup is None:
+        return None
+    text = _read(cgroup + "/cpu.max")
+    if text is not None:
+        quota, _, period = text.partition(" ")
+        return None if quota == "max" else float(quota) / float(period)
+    quota, period = _read(cgroup + "/cpu.cfs_quota_us"), _read(cgroup + "/cpu.cfs_period_us")
+    if quota is None or period is None or int(quota) <= 0:
+        return None
+    return int(quota) / int(period)
+
+
+class QuotaReader:
+    """This process's CPU quota as a share of one core, re-read every `every` reads (a quota may change while
+    a job runs); a reading that fails counts as no quota."""
+
+    def __init__(self, every=10):
+        self.cgroup = cgroup_cpu_dir()
+        self._every, self._reads, self._cores = max(int(every), 1), 0, None
+
+    def share(self):
+        """The quota in cores, capped at 1 (1 without one). A CFS quota lets the process run at full speed until
+        the period's quota is spent, then stalls it: x seconds of CPU cost x / share seconds of wall time."""
+        if self._reads % self._every == 0:
+            try:
+                self._cores = quota_cores(self.cgroup)
+            except (OSError, ValueError):
+                self._cores = None
+        self._reads += 1
+        return min(self._cores, 1.0) if self._cores else 1.0
 
 
 class _ProcFile:
@@ -123,29 +157,6 @@ class Telemetry:
         if self.gpu is not None:
             self.gpu.close()
 
-    @property
-    def cpu_share(self):
-        """The share of one core this process may use: its cgroup quota in cores, capped at 1 (1 without one).
-
-        A CFS quota lets the process run at full speed until the quota of the
-        period is spent and then stalls it, so a piece of work that takes x
-        seconds of CPU costs x / cpu_share seconds of wall time on average.
-        Refreshed every `slow_every` samples.
-        """
-        return min(self._quota, 1.0) if self._quota else 1.0
-
-    def _quota_cores(self):
-        if self._cgroup is None:
-            return None
-        text = _read(self._cgroup + "/cpu.max")
-        if text is not None:
-            quota, _, period = text.partition(" ")
-            return None if quota == "max" else float(quota) / float(period)
-        quota, period = _read(self._cgroup + "/cpu.cfs_quota_us"), _read(self._cgroup + "/cpu.cfs_period_us")
-        if quota is None or period is None or int(quota) <= 0:
-            return None
-        return int(quota) / int(period)
-
     def _throttled_seconds(self):
         text = self._cpu_stat.read()
         if not text:
@@ -171,7 +182,7 @@ class Telemetry:
         return sum(values) - idle, sum(values), running
 
     def _refresh_slow(self):
-        quota = self._quota_cores()
+        quota = quota_cores(self._cgroup)
         self._quota = quota
         self._allowed = min(self._cores, quota) if quota else self._cores
         self._slow = np.array([

@@ -97,21 +97,14 @@ def test_a_decision_runs_once_the_next_steps_gradients_exist():
     assert decided == [(0, 0), (0, 1), (0, 2)]
 
 
-class QuotaTelemetry:
-    """A worker's readings under a CFS quota of half a core."""
-
-    features, cpu_share = ("cpu",), 0.5
-
-    def sample(self):
-        return (50.0,)
-
-
-def test_under_a_cpu_quota_a_decision_runs_at_once():
+def test_under_a_cpu_quota_a_decision_runs_at_once(tmp_path):
     feed = BatchFeed(np.arange(4096, dtype=np.float32), global_batch=64, rank=0, size=1)
     controller = BalanceController("equal", warmup_steps=0, plan_ahead=1)
     decided, decide = [], controller.decide
     controller.decide = lambda *args: (decided.append(args[:2]), decide(*args))[1]
-    balancer = Balancer(feed, controller, telemetry=QuotaTelemetry())
+    balancer = Balancer(feed, controller)  # no telemetry: the quota is read all the same
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # cgroup v2: half a core
+    balancer.quota.cgroup = str(tmp_path)
     balancer.begin(0, 1)
     plan = balancer.before_step(0, 0)
     balancer.local(0.01)

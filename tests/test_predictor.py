@@ -9,7 +9,7 @@ import pytest
 from predictor import EMAPredictor, LastValuePredictor, make_predictor
 from predictor.features import DEFAULT_SPEC, WindowSpec
 from predictor.narx import ARXPredictor, NARXPredictor, gru_forward, load, load_default, save
-from predictor.telemetry import FEATURES, NEUTRAL, Telemetry
+from predictor.telemetry import FEATURES, NEUTRAL, QuotaReader, Telemetry
 from predictor.traces import TRACE_DIR, read_trace, write_trace
 
 rng = np.random.default_rng(0)
@@ -437,6 +437,27 @@ def test_the_gpu_a_rank_trains_on_maps_through_cuda_visible_devices():
     assert device_for(1, visible="") == 1
     assert device_for(1, visible="2,3") == 3 and device_for(0, visible="3") == 3
     assert device_for(0, visible="GPU-8f2a") == "GPU-8f2a"
+
+
+def test_cpu_quota_reads_both_cgroup_versions_and_follows_a_change(tmp_path):
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir(), v2.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("30000\n"), (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v2 / "cpu.max").write_text("250000 100000\n")  # 2.5 cores: a share of one core is at most 1
+    shares = {}
+    for name, folder in (("v1", v1), ("v2", v2), ("none", None), ("missing", tmp_path / "gone")):
+        quota = QuotaReader(every=3)
+        quota.cgroup = None if folder is None else str(folder)
+        shares[name] = quota.share()
+    assert shares == {"v1": pytest.approx(0.3), "v2": 1.0, "none": 1.0, "missing": 1.0}
+    quota = QuotaReader(every=3)
+    quota.cgroup = str(v2)
+    (v2 / "cpu.max").write_text("50000 100000\n")
+    assert [quota.share() for _ in range(3)] == [0.5] * 3
+    (v2 / "cpu.max").write_text("max 100000\n")  # the quota lifted: seen at the next re-read
+    assert [quota.share() for _ in range(4)] == [1.0, 1.0, 1.0, 1.0]
+    (v2 / "cpu.max").write_text("garbled\n")
+    assert [quota.share() for _ in range(3)] == [1.0] * 3, "an unreadable quota counts as none"
 
 
 def test_telemetry_carries_the_gpu_readings_after_the_cpu_ones():
