@@ -75,11 +75,17 @@ def test_queued_decisions_run_in_order_once_released():
     background.close()
 
 
-def test_a_decision_runs_once_the_next_steps_gradients_exist():
+def _watched(policy):
+    """A one-worker feed and a controller of `policy` that notes the (epoch, step) of every decision it makes."""
     feed = BatchFeed(np.arange(4096, dtype=np.float32), global_batch=64, rank=0, size=1)
-    controller = BalanceController("lbbsp", warmup_steps=0, plan_ahead=1)
+    controller = BalanceController(policy, warmup_steps=0, plan_ahead=1)
     decided, decide = [], controller.decide
     controller.decide = lambda *args: (decided.append(args[:2]), decide(*args))[1]
+    return feed, controller, decided
+
+
+def test_a_decision_runs_once_the_next_steps_gradients_exist():
+    feed, controller, decided = _watched("lbbsp")
     balancer = Balancer(feed, controller, Forecaster("last", budget=None))
     balancer.begin(0, 1)
     for step in range(3):
@@ -98,10 +104,7 @@ def test_a_decision_runs_once_the_next_steps_gradients_exist():
 
 
 def test_under_a_cpu_quota_a_decision_runs_at_once(tmp_path):
-    feed = BatchFeed(np.arange(4096, dtype=np.float32), global_batch=64, rank=0, size=1)
-    controller = BalanceController("equal", warmup_steps=0, plan_ahead=1)
-    decided, decide = [], controller.decide
-    controller.decide = lambda *args: (decided.append(args[:2]), decide(*args))[1]
+    feed, controller, decided = _watched("equal")
     balancer = Balancer(feed, controller)  # no telemetry: the quota is read all the same
     (tmp_path / "cpu.max").write_text("50000 100000\n")  # cgroup v2: half a core
     balancer.quota.cgroup = str(tmp_path)
