@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from .oracle import CurveBook, fit_curves, save_curves
+from .oracle import CurveBook, fit_curves, one_size, save_curves
 from .progress import Progress
 from .scenario import Scenario, list_scenarios
 from .variants import LIVE_DEFAULT, VARIANTS, split_label, worker_options
@@ -281,10 +281,11 @@ def main(argv=None):
     else:
         results = run_all(scenario, labels, args, out_dir)
     ideals = ideal_eta = None
+    flat = {}
     if not args.external and len(labels) > 1:
         try:
             measured = measured_steps(out_dir)
-            curves = fit_curves(curve_records(measured))
+            curves, flat = fit_curves(curve_records(measured)), one_size(curve_records(measured))
             first = results[labels[0]][0]
             ideals, split, comm, ideal_eta = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
                                                         len(first["epoch_times"]), measured)
@@ -303,6 +304,12 @@ def main(argv=None):
                  f"(curves.json), plus the smallest measured allreduce ({1e3 * comm:.1f} ms); under the measured "
                  f"noise: the split for the expected slowest finish under each step's measured deviations from "
                  f"the curves; best static split {split.tolist()}.")
+        if flat:
+            text += (" Measured at one batch size only, so drawn through the origin (no fixed cost) and optimistic "
+                     "below it: " + ", ".join(f"worker {w} at {b} samples (speed {state.split('|')[0]}"
+                                             f"{', hog' if state.endswith('|1') else ''})"
+                                             for (w, state), b in sorted(flat.items())) +
+                     "; add the `equal` variant to measure them at another.")
     if ideal_eta is not None:
         text += (f" Eta of the measured-noise ideal's split under the measured deviations: {ideal_eta:.3f} "
                  f"(the draw unbalances even the fastest split's steps).")

@@ -89,6 +89,16 @@ def fit_curves(records, min_points=3):
     return curves
 
 
+def one_size(records):
+    """{(worker, state key): batch} for the curves whose records hold one batch size: fit_curves draws those
+    through the origin (no fixed cost), so a smaller batch looks faster on them than it is."""
+    sizes = {}
+    for worker, speed, hog, batch, compute in records:
+        if compute > 0 and np.isfinite(compute):
+            sizes.setdefault((int(worker), _key(speed, hog)), set()).add(float(batch))
+    return {key: int(batches.pop()) for key, batches in sizes.items() if len(batches) == 1}
+
+
 def save_curves(path, curves):
     with open(path, "w") as fh:
         json.dump({f"{w}|{s}": cu for (w, s), cu in curves.items()}, fh, indent=1)

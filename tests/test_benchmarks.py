@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.analysis import breakdown, recovery, recovery_kinds, summarize
-from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves
+from benchmarks.oracle import MIN_NOISE_STEPS, CurveBook, OraclePolicy, fit_curves, one_size
 from benchmarks.progress import Progress
 from benchmarks.replay import replay
 from benchmarks.variants import VARIANTS, worker_options
@@ -115,6 +115,10 @@ def test_curves_oracle_and_reachable_ideal():
     records.append((1, 0.25, False, 30.0, 9.0))  # an outlier (a stall) does not bend the line
     curves = fit_curves(records)
     assert curves[(1, "0.25|0")] == pytest.approx((0.04, 0.004), rel=0.05)
+    assert one_size(records) == {}
+    held = [(2, 0.25, True, 8.0, 0.046)] * 5  # a worker that only ever ran 8 samples: a line through the origin
+    assert one_size(records + held) == {(2, "0.25|1"): 8}
+    assert fit_curves(held)[(2, "0.25|1")] == pytest.approx((0.0, 0.046 / 8))
     book = CurveBook(s, curves)
     k, v = book.at(6)
     assert k == pytest.approx([10.0, 10.0], rel=0.1) and v == pytest.approx([1000.0, 250.0], rel=0.05)
