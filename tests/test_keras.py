@@ -190,11 +190,13 @@ def test_bad_optimizer_arguments():
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_the_stats_rows_ride_in_a_gradient_allreduce(grouped):
+def test_the_stats_rows_ride_in_a_gradient_allreduce(grouped, monkeypatch):
     # Grouped (the default), every gradient goes with the rows; per tensor the rows ride with the smallest float32
     # gradient and every other gradient goes on its own as soon as it exists. Either way the sums are the gradients.
+    from lbbsp.keras import optimizer as module
     from lbbsp.keras.optimizer import _reduce
     optimizer = lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), grouped=grouped)
+    monkeypatch.setattr(module.hvd, "size", lambda: 2)  # traced as for two workers; the sums run over this one
     shapes = [(3, 4), (4,), (4, 1), (1,)]
 
     @tf.function
@@ -210,6 +212,28 @@ def test_the_stats_rows_ride_in_a_gradient_allreduce(grouped):
     assert sum(op.type == "HorovodAllreduce" for op in ops) == (0 if grouped else len(shapes) - 1)
     for i, (shape, value) in enumerate(zip(shapes, reduce())):
         np.testing.assert_allclose(value.numpy(), np.full(shape, i + 1.0))
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_one_worker_runs_no_collective(elastic, monkeypatch):
+    # A sum over one worker is its own gradient: no Horovod collective is traced, or in an elastic job (whose size
+    # may change under a traced graph) one is traced behind a test of the size and skipped. The update is SGD's.
+    from lbbsp.keras.optimizer import _reduce
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1" if elastic else "0")
+    optimizer = lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
+
+    @tf.function
+    def reduce():
+        return _reduce(optimizer, [tf.fill((3, 4), 2.0), tf.fill((4,), 3.0)])
+
+    ops = {op.type for op in reduce.get_concrete_function().graph.get_operations()}
+    assert not any("Allreduce" in kind for kind in ops)
+    assert bool(ops & {"If", "StatelessIf"}) == elastic
+    np.testing.assert_allclose(reduce()[0].numpy(), np.full((3, 4), 2.0))
+    model, plain = tiny(lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))), tiny(tf.keras.optimizers.SGD(0.1))
+    model.train_on_batch(X[:8], Y[:8]), plain.train_on_batch(X[:8], Y[:8])
+    for mine, theirs in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_failing_predictor_falls_back_with_one_warning(caplog):

@@ -8,6 +8,7 @@ split a step into busy and wait time), and exchanges each worker's small
 stats row inside a gradient's sum-allreduce, which saves a collective per
 step.
 """
+import os
 import time
 
 import horovod.tensorflow as hvd
@@ -124,6 +125,16 @@ def _computed(tensors):
         return tf.reduce_sum(tf.cast(tf.reshape(smallest, [-1])[:1], tf.float32))
 
 
+def _summed(collective, tensors):
+    """`collective(tensors)`, a Horovod sum, or `tensors` themselves where one worker trains: its sum is its own,
+    and Horovod's collective would still wait for a cycle of its background thread every step. Decided when the
+    step is traced, as by Horovod's own optimizer; in an elastic job, whose size may change under a traced graph,
+    when it runs."""
+    if int(os.environ.get("HOROVOD_ELASTIC", 0)):
+        return tf.cond(hvd.size_op() > 1, lambda: collective(tensors), lambda: tensors)
+    return collective(tensors) if hvd.size() > 1 else tensors
+
+
 def _reduce(optimizer, grads):
     """Scale and sum-allreduce the gradients, exchange the stats rows, time both. Runs in the train graph.
 
@@ -158,16 +169,17 @@ def _reduce(optimizer, grads):
         apart = [i for i in dense if i != smallest]
     for dtype, members in by_dtype.items():
         tensors = ([rows] if dtype == rows.dtype else []) + [packed[i][0] for i in members]
-        out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}")
+        out = _summed(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum, name=f"lbbsp_grads_{dtype.name}"), tensors)
         if dtype == rows.dtype:
             rows, out = out[0], out[1:]
         for i, g in zip(members, out):
             reduced[i] = compression.decompress(g, packed[i][1])
     for i in apart:  # each as soon as it exists, compressed once (above)
-        reduced[i] = compression.decompress(hvd.allreduce(packed[i][0], op=hvd.Sum), packed[i][1])
+        reduced[i] = compression.decompress(_summed(lambda t: hvd.allreduce(t, op=hvd.Sum), packed[i][0]),
+                                            packed[i][1])
     for i, g in enumerate(scaled):
         if isinstance(g, tf.IndexedSlices):
-            reduced[i] = hvd.allreduce(g, op=hvd.Sum, compression=compression)
+            reduced[i] = _summed(lambda t: hvd.allreduce(t, op=hvd.Sum, compression=compression), g)
     with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [rows]):
         done = tf.numpy_function(state.on_done, [rows], tf.float64, stateful=True, name="lbbsp_done")
     with tf.control_dependencies([done]):
@@ -200,7 +212,8 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
     overlapping communication with the backward pass (as Horovod's own
     optimizer does), the rows riding with the smallest gradient: the one to try
     where gradients are large; on CPU workers one collective a step was
-    faster (docs/results.md, "What nothing costs").
+    faster (docs/results.md, "What nothing costs"). With one worker no
+    collective runs.
 
     Works with the Keras 2.15 optimizers (`tf.keras.optimizers.*`) and the
     legacy ones (`tf.keras.optimizers.legacy.*`). The returned optimizer has
