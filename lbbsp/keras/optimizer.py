@@ -131,7 +131,9 @@ def _summed(collective, tensors):
     step is traced, as by Horovod's own optimizer; in an elastic job, whose size may change under a traced graph,
     when it runs."""
     if int(os.environ.get("HOROVOD_ELASTIC", 0)):
-        return tf.cond(hvd.size_op() > 1, lambda: collective(tensors), lambda: tensors)
+        with tf.device("/cpu:0"):  # where Horovod's size op runs (Horovod places its own test there too)
+            several = hvd.size_op() > 1
+        return tf.cond(several, lambda: collective(tensors), lambda: tensors)
     return collective(tensors) if hvd.size() > 1 else tensors
 
 
