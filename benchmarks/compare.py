@@ -285,7 +285,8 @@ def main(argv=None):
     if not args.external and len(labels) > 1:
         try:
             measured = measured_steps(out_dir)
-            curves, flat = fit_curves(curve_records(measured)), one_size(curve_records(measured))
+            records = curve_records(measured)
+            curves, flat = fit_curves(records), one_size(records)
             first = results[labels[0]][0]
             ideals, split, comm, ideal_eta = ideal_rows(scenario, curves, results, first["steps_per_epoch"],
                                                         len(first["epoch_times"]), measured)

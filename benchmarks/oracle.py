@@ -58,6 +58,16 @@ def _key(speed, hog):
     return f"{float(speed):.6g}|{int(bool(hog))}"
 
 
+def _grouped(records):
+    """{(worker, state key): [(batch, compute), ...]} of the records (worker, speed, hog, batch, compute) with a
+    valid compute time."""
+    groups = {}
+    for worker, speed, hog, batch, compute in records:
+        if compute > 0 and np.isfinite(compute):
+            groups.setdefault((int(worker), _key(speed, hog)), []).append((batch, compute))
+    return groups
+
+
 def fit_curves(records, min_points=3):
     """{(worker, state key): (c, u)} from records (worker, speed, hog, batch, compute) of earlier runs.
 
@@ -65,12 +75,8 @@ def fit_curves(records, min_points=3):
     more than 3 median absolute deviations off it. u is kept positive and c
     non-negative.
     """
-    groups = {}
-    for worker, speed, hog, batch, compute in records:
-        if compute > 0 and np.isfinite(compute):
-            groups.setdefault((int(worker), _key(speed, hog)), []).append((batch, compute))
     curves = {}
-    for key, pairs in groups.items():
+    for key, pairs in _grouped(records).items():
         if len(pairs) < min_points:
             continue
         b, t = np.array(pairs, dtype=np.float64).T
@@ -92,10 +98,7 @@ def fit_curves(records, min_points=3):
 def one_size(records):
     """{(worker, state key): batch} for the curves whose records hold one batch size: fit_curves draws those
     through the origin (no fixed cost), so a smaller batch looks faster on them than it is."""
-    sizes = {}
-    for worker, speed, hog, batch, compute in records:
-        if compute > 0 and np.isfinite(compute):
-            sizes.setdefault((int(worker), _key(speed, hog)), set()).add(float(batch))
+    sizes = {key: {float(batch) for batch, _ in pairs} for key, pairs in _grouped(records).items()}
     return {key: int(batches.pop()) for key, batches in sizes.items() if len(batches) == 1}
 
 
