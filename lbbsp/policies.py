@@ -240,16 +240,17 @@ class PIDPolicy(Policy):
 class LBBSPPolicy(Policy):
     """LB-BSP: the min-max split of the predicted step times, taken where it pays (docs/method.md).
 
-    Each worker is planned at its forecast or its last speed, whichever has lately been closer; the split
-    balances those speeds or, chosen in hindsight, their tails; it is taken when it saves more than `min_gain`
-    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
+    Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
+    speed: StepTimeParams.mean_rate), whichever has lately been closest; the split balances those speeds or,
+    chosen in hindsight, their tails; it is taken when it saves more than `min_gain` of the step and its new
+    batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
     `model`: StepTimeParams or a dict of its fields.
     """
 
     name = "lbbsp"
     uses_forecast = True
     PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan}
-    #: Weight of the newest step in the running |log error| that picks forecast or last speed for each worker.
+    #: Weight of the newest step in the running |log error| that picks forecast, last or mean speed for each worker.
     SCORE_RATE = 0.1
     #: Weight of the newest step in a worker's running squared planning error (the tail's spread): which workers
     #: are erratic lasts, so a memory of about 200 steps, debiased by the weight the mean has had.
@@ -269,10 +270,10 @@ class LBBSPPolicy(Policy):
     def start(self, global_batch, bounds):
         self.model.start(bounds.num_workers)
         self._curves, self._regret, self._proposal = None, 0.0, None
-        # Per worker: the running |log error| of its forecast and of its last speed; the running weight and
-        # squared planning error of the tail's spread; the forecast, last speed and curves last planned with.
-        self._errors, self._spread = np.zeros((2, bounds.num_workers)), np.zeros((2, bounds.num_workers))
-        self._previous = np.full((5, bounds.num_workers), np.nan)
+        # Per worker: the running |log error| of its forecast, last speed and mean speed; the running weight and
+        # squared planning error of the tail's spread; the three candidates and the curves last planned with.
+        self._errors, self._spread = np.zeros((3, bounds.num_workers)), np.zeros((2, bounds.num_workers))
+        self._previous = np.full((6, bounds.num_workers), np.nan)
         self._proposals, self._tail_score, self._use_tail, self._bought = {}, 0.0, False, None
         return super().start(global_batch, bounds)
 
@@ -285,28 +286,30 @@ class LBBSPPolicy(Policy):
             self.model.seen(np.full(self.num_workers, int(shape)))
 
     def curves(self, forecast, batches=None, compute=None):
-        """(speeds, offsets, floors) to plan with: each worker's forecast where it has lately been closer than its
-        last speed (both scored every step), else its last speed. `batches`, `compute`: the step just measured,
-        which also scores the planning error as predicted over measured time (a time: a refitted fixed cost
-        changes what a speed means)."""
+        """(speeds, offsets, floors) to plan with: each worker's forecast, last speed or running mean speed, whichever
+        has lately been closest to its measured speed (all three scored every step; a tie goes to the last speed, then
+        the forecast). `batches`, `compute`: the step just measured, which also scores the planning error as
+        predicted over measured time (a time: a refitted fixed cost changes what a speed means)."""
         forecast = np.asarray(forecast, dtype=np.float64)
         last, measured = self.model.speeds, self.model.measured
+        mean = np.where(np.isfinite(self.model.means), self.model.means, last)
         with np.errstate(all="ignore"):
-            errors = np.log(self._previous[:2] / measured)
+            errors = np.log(self._previous[:3] / measured)
             if batches is not None:
-                planned = step_times(batches, *self._previous[2:])
+                planned = step_times(batches, *self._previous[3:])
                 errors = np.vstack([errors, np.where(np.isfinite(measured), np.log(planned / compute), np.nan)])
         seen = np.isfinite(errors)
         errors = np.where(seen, errors, 0.0)
-        self._errors += np.where(seen[:2], self.SCORE_RATE * (np.abs(errors[:2]) - self._errors), 0.0)
+        self._errors += np.where(seen[:3], self.SCORE_RATE * (np.abs(errors[:3]) - self._errors), 0.0)
         if batches is not None:
-            squared = np.array([np.ones_like(errors[2]), errors[2] ** 2])
-            self._spread += np.where(seen[2], self.SPREAD_RATE * (squared - self._spread), 0.0)
-        better = np.isfinite(forecast) & (forecast > 0) & (self._errors[0] < self._errors[1])
-        speeds = sanitize(np.where(better, forecast, last), 1.0)
+            squared = np.array([np.ones_like(errors[3]), errors[3] ** 2])
+            self._spread += np.where(seen[3], self.SPREAD_RATE * (squared - self._spread), 0.0)
+        valid = np.isfinite(forecast) & (forecast > 0)
+        pick = np.argmin([self._errors[1], np.where(valid, self._errors[0], np.inf), self._errors[2]], axis=0)
+        speeds = sanitize(np.choose(pick, [last, np.where(valid, forecast, last), mean]), 1.0)
         offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
                                                                                        positive=False)
-        self._previous = np.array([forecast, last, speeds, offsets, floors])
+        self._previous = np.array([forecast, last, mean, speeds, offsets, floors])
         return speeds, offsets, floors
 
     @property

@@ -14,10 +14,12 @@ import numpy as np
 
 from .allocation import step_times
 
-__all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST"]
+__all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE"]
 
 #: Seconds a new batch shape is taken to cost on a GPU worker until one is measured (cuDNN autotuning).
 GPU_SHAPE_COST = 4.0
+#: Weight of the newest step in a GPU worker's running mean speed (docs/gpu.md, "A running mean speed").
+GPU_MEAN_RATE = 0.2
 
 
 def batch_free_speed(batch, compute, offset=0.0):
@@ -42,17 +44,21 @@ class StepTimeParams:
     shape_cost: float = None  # seconds a new batch shape costs until one is measured (None: 0 on CPU workers,
     # GPU_SHAPE_COST on GPU workers)
     change_memory: float = 100.0  # steps over which a worker's rate of speed changes is averaged
+    mean_rate: float = None  # weight of the newest step in a worker's running mean speed, which the policy may plan
+    # with (None: 1 on CPU workers, where the mean is then the last speed, and GPU_MEAN_RATE on GPU workers)
 
-    #: (low, high, low open, high open) of every numeric parameter; shape_cost may also be None.
+    #: (low, high, low open, high open) of every numeric parameter; those in OPTIONAL may also be None.
     RANGES = {"forgetting": (0.0, 1.0, True, True), "min_spread": (0.0, 1.0, True, False),
               "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
               "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
               "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
-              "shape_cost": (0.0, math.inf, False, True), "change_memory": (1.0, math.inf, False, True)}
+              "shape_cost": (0.0, math.inf, False, True), "change_memory": (1.0, math.inf, False, True),
+              "mean_rate": (0.0, 1.0, True, False)}
+    OPTIONAL = ("shape_cost", "mean_rate")
 
     def __post_init__(self):
         for name, (low, high, low_open, high_open) in self.RANGES.items():
-            value, optional = getattr(self, name), name == "shape_cost"
+            value, optional = getattr(self, name), name in self.OPTIONAL
             if optional and value is None:
                 continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -78,7 +84,7 @@ class StepTimeModel:
     #: the others' estimates) or a value (no observations of its own).
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
-                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0}
+                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0, "means": "mean"}
 
     #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
     POOL_FROM = 3
@@ -91,11 +97,12 @@ class StepTimeModel:
         self.start(1)
 
     def start(self, num_workers, gpu=False):
-        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior,
-        floors and pooling)."""
+        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior, the mean
+        rate, floors and pooling)."""
         n = int(num_workers)
         self.gpu = bool(gpu)
         self.prior = self.params.shape_cost if self.params.shape_cost is not None else GPU_SHAPE_COST if gpu else 0.0
+        self.mean_rate = self.params.mean_rate if self.params.mean_rate is not None else GPU_MEAN_RATE if gpu else 1.0
         # Discounted sums over consecutive-step pairs: pairs whose batch moved, b^2, z^2, z x, z y, z^2 y^2, z^2 x y,
         # z^2 x^2, and all pairs.
         self.sums = np.zeros((9, n))
@@ -112,6 +119,7 @@ class StepTimeModel:
         self.measured = np.full(n, np.nan)  # the batch-free speed of the last step, where it is one
         self.levels = np.full(n, np.nan)  # the speed LEVEL_STEPS consecutive steps last agreed on
         self.held = np.zeros(n, dtype=np.int64)  # steady steps in a row, counted up to LEVEL_STEPS
+        self.means = np.full(n, np.nan)  # the running mean of the measured speeds (mean_rate)
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -217,6 +225,8 @@ class StepTimeModel:
         self._fit()
         self.measured = np.where(above, (self.offsets + b) / t, np.nan)
         self.speeds = np.where(above, self.measured, self.speeds)
+        mean = (1.0 - self.mean_rate) * self.means + self.mean_rate * self.measured  # at a rate of 1, the last speed
+        self.means = np.where(above, np.where(np.isfinite(mean), mean, self.measured), self.means)
         # A level: a speed LEVEL_STEPS consecutive steady steps agree on. A level that moves by more than `change`
         # is a change of speed whatever the noise; a run of stray steps that the next one undoes is not.
         self.held = np.where(steady, np.minimum(self.held + 1, self.LEVEL_STEPS), np.where(ok, 0, self.held))

@@ -142,6 +142,28 @@ def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_la
     assert v[0] == speed(40) and v[1] == policy.model.speeds[1]
 
 
+def test_a_gpu_worker_whose_speed_scatters_about_a_level_is_planned_at_its_running_mean():
+    # Worker 0's speed scatters by 20% a step about 1000 samples/s, independently from step to step: its running
+    # mean is closer to its next step than its last speed is, and once scored so, it is planned at that mean.
+    # Worker 1 runs at 400 and 1000 samples/s in turn, 10 steps each, without noise: its last speed is wrong only
+    # at a change, its mean for several steps after one, so it is planned at its last speed. On CPU workers the
+    # running mean is the last speed (mean_rate 1): both are planned at their last speed.
+    for gpu in (True, False):
+        rng = np.random.default_rng(0)
+        policy = LBBSPPolicy()
+        policy.start(100, Bounds.of(2, 100))
+        policy.prepare(gpu=gpu)
+        for t in range(60):
+            speeds = [1000.0 * np.exp(rng.normal(0.0, 0.2)), 1000.0 if (t // 10) % 2 else 400.0]
+            policy.model.update([50, 50], 50 / np.array(speeds))
+            v, _, _ = policy.curves([np.nan, np.nan])
+        assert v[1] == policy.model.speeds[1] == 1000.0
+        if gpu:
+            assert v[0] == policy.model.means[0] != policy.model.speeds[0] and 0.85 < v[0] / 1000.0 < 1.15
+        else:
+            assert v[0] == policy.model.speeds[0] == policy.model.means[0]
+
+
 def test_the_tail_plans_each_worker_by_its_own_spread_from_the_first_steps():
     # 32 workers of one mean speed; the first 16 scatter by 20% a step, the others by 2%. Planned at their last
     # speed, each error is the difference of two draws: sqrt(2) times the scatter. After 40 steps every worker's
