@@ -12,8 +12,8 @@ same decisions. The replay checks that it does, against the batch sizes the
 ranks then ran, and prints for each step what the decision saw: the split
 run and the split decided, each worker's batch-free speed, fixed cost and
 change threshold, the workers whose speed the step-time model saw jump,
-the workers whose forecasts it planned with (where they have lately beaten
-their last measured speeds), learned floors, and the forgone saving that a
+the workers whose forecasts or (on GPUs) running mean speeds it planned with
+(where they have lately beaten their last measured speeds), learned floors, and the forgone saving that a
 move to new batch shapes must pay for, with the workers' speed levels (what
 three consecutive steps agreed on) that such a move is valued at where a set-up
 costs more than a step. A recovery slower than it should be can then be
@@ -96,7 +96,8 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
         if model is not None:
             record.update(speed=model.speeds.tolist(), offset=model.offsets.tolist(), floor=model.floors.tolist(),
                           threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist(),
-                          forecast_used=np.flatnonzero(policy._errors[0] < policy._errors[1]).tolist(),
+                          forecast_used=np.flatnonzero(policy.planned_with == 1).tolist(),
+                          mean_used=np.flatnonzero(policy.planned_with == 2).tolist(),
                           regret=policy._regret, setup=model.setup_cost(), level=model.levels.tolist())
         records.append(record)
     return records, matched, checked
@@ -112,6 +113,7 @@ def _line(r):
         text += f" jumped {r['jumped']}" if r["jumped"] else ""
         text += f" floor {np.round(1e3 * np.array(r['floor']), 1).tolist()} ms" if any(r["floor"]) else ""
         text += f" forecasts of {r['forecast_used']}" if r["forecast_used"] else ""
+        text += f" running means of {r['mean_used']}" if r["mean_used"] else ""
         text += (f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s) levels {np.round(r['level']).tolist()}"
                  if r["regret"] else "")
     return text

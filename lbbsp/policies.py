@@ -305,12 +305,22 @@ class LBBSPPolicy(Policy):
             squared = np.array([np.ones_like(errors[3]), errors[3] ** 2])
             self._spread += np.where(seen[3], self.SPREAD_RATE * (squared - self._spread), 0.0)
         valid = np.isfinite(forecast) & (forecast > 0)
-        pick = np.argmin([self._errors[1], np.where(valid, self._errors[0], np.inf), self._errors[2]], axis=0)
-        speeds = sanitize(np.choose(pick, [last, np.where(valid, forecast, last), mean]), 1.0)
+        speeds = sanitize(np.choose(self._choice(forecast), [last, np.where(valid, forecast, last), mean]), 1.0)
         offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
                                                                                        positive=False)
         self._previous = np.array([forecast, last, mean, speeds, offsets, floors])
         return speeds, offsets, floors
+
+    def _choice(self, forecast):
+        """Per worker, the candidate lately closest: 0 its last speed, 1 its forecast (where it is a speed), 2 its
+        running mean; a tie goes to the lower number."""
+        valid = np.isfinite(forecast) & (forecast > 0)
+        return np.argmin([self._errors[1], np.where(valid, self._errors[0], np.inf), self._errors[2]], axis=0)
+
+    @property
+    def planned_with(self):
+        """Per worker, what the latest curves planned it at: 0 its last speed, 1 its forecast, 2 its running mean."""
+        return self._choice(self._previous[0])
 
     @property
     def planning_spread2(self):

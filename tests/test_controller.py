@@ -160,8 +160,10 @@ def test_a_gpu_worker_whose_speed_scatters_about_a_level_is_planned_at_its_runni
         assert v[1] == policy.model.speeds[1] == 1000.0
         if gpu:
             assert v[0] == policy.model.means[0] != policy.model.speeds[0] and 0.85 < v[0] / 1000.0 < 1.15
+            assert policy.planned_with.tolist() == [2, 0]
         else:
             assert v[0] == policy.model.speeds[0] == policy.model.means[0]
+            assert policy.planned_with.tolist() == [0, 0]
 
 
 def test_the_tail_plans_each_worker_by_its_own_spread_from_the_first_steps():
