@@ -97,15 +97,22 @@ def test_exactly_once_and_same_decisions_on_every_rank(tmp_path, num_proc, predi
         assert ranks[-1]["predictor_failures"] > 0
 
 
-def test_slowed_worker_gets_smaller_batch(tmp_path):
+@pytest.mark.parametrize("gpu", [False, True])
+def test_slowed_worker_gets_smaller_batch(tmp_path, gpu):
     """A worker slowed for real gets the smaller batch; the epoch times are printed, not asserted.
 
     Eight-step epochs on a shared machine swing by 30% between runs, so whether balancing pays is
     measured by the benchmarks (``benchmarks.compare --scenario slowed-2``, interleaved repeats).
+    With `gpu`, the ranks claim GPUs: the decision path runs in its GPU mode (set-up costs, floors, pooled
+    fixed costs, running mean speeds) and, every grid shape set up before training, moves for free.
     """
     out = tmp_path / "result.json"
-    horovodrun(2, "slowed.py", out, "lbbsp")
+    horovodrun(2, "slowed.py", out, "lbbsp", *(["gpu"] if gpu else []))
     r = json.loads(out.read_text())
+    for rank in r["ranks"]:
+        mode = rank["lbbsp"]["gpu_mode"]
+        assert mode["gpu"] == gpu and mode["mean_rate"] == (0.2 if gpu else 1.0) and mode["resyncs"] == 0, mode
+        assert not gpu or mode["set_up_measured"] == 0, "every shape it ran was set up before training"
     fast, slow = r["ranks"]
     print(f"slowdown: {r['slowdown']}; epoch time equal {fast['equal']['epoch_time']:.3f}s, "
           f"lbbsp {fast['lbbsp']['epoch_time']:.3f}s; slow worker's batch {slow['lbbsp']['batch']:.1f} of 1024")

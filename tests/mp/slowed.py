@@ -3,7 +3,9 @@
 Rank 1 runs under a cgroup CPU quota (0.3 cores) where cgroups are writable,
 else next to a busy process pinned to its core. Both policies train in the
 same run, one after the other; epoch times exclude the first (warm-up) epoch.
-Usage: horovodrun -np 2 python tests/mp/slowed.py OUT_JSON [POLICY]
+With "gpu", every rank tells lbbsp it trains on a GPU (the decision path's GPU mode: a set-up cost for new
+batch shapes, floors, pooled fixed costs, running mean speeds) and sets up every grid shape before training.
+Usage: horovodrun -np 2 python tests/mp/slowed.py OUT_JSON [POLICY] [gpu]
 """
 import contextlib
 import json
@@ -22,6 +24,11 @@ from benchmarks.contention import CpuHog, CpuQuota, cgroups_writable, pin_to_cor
 
 out_path = sys.argv[1]
 policy = sys.argv[2] if len(sys.argv) > 2 else "lbbsp"
+gpu = len(sys.argv) > 3 and sys.argv[3] == "gpu"
+if gpu:
+    import lbbsp.keras.callbacks  # noqa: E402
+
+    lbbsp.keras.callbacks._on_gpu = lambda: True
 rank, size = hvd.rank(), hvd.size()
 cores = sorted(os.sched_getaffinity(0))
 pin_to_cores([cores[rank % len(cores)]])
@@ -53,12 +60,17 @@ def run(policy_name):
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     feed = lb.BalancedFeed(x, y, global_batch=1024, seed=1)  # compute-heavy steps: the split decides the time
     balancer = lb.LoadBalancer(feed, policy=policy_name, predictor="ema",
-                               csv_path=os.environ.get("LBBSP_TEST_CSV", "").format(policy=policy_name) or None)
+                               csv_path=os.environ.get("LBBSP_TEST_CSV", "").format(policy=policy_name) or None,
+                               warm_shapes=list(range(8, 1017, 8)) if gpu else [])
     timer = EpochTimer()
     model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=4, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, timer])
     tail = [r for r in balancer.history if r["epoch"] >= 2]
-    return {"epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
+    model_ = getattr(balancer.core.controller.policy, "model", None)
+    gpu_mode = None if model_ is None else {"gpu": model_.gpu, "mean_rate": model_.mean_rate,
+                                            "set_up_measured": int(model_.setup[0].sum()),
+                                            "resyncs": len(balancer.core.resynced)}
+    return {"gpu_mode": gpu_mode, "epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
             "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history])),
             "sizes": sorted({int(r["batch_size"]) for r in balancer.history}), "grid": feed.grid,
             "trace": [(int(r["epoch"]), int(r["step"]), int(r["batch_size"]), round(1e3 * r["compute"], 2))
@@ -82,4 +94,4 @@ gathered = allgather_object(result)
 if rank == 0:
     with open(out_path, "w") as fh:
         json.dump({"slowdown": "cgroup quota 0.3 cores" if use_quota else "co-located CPU hog",
-                   "policy": policy, "ranks": gathered}, fh)
+                   "policy": policy, "gpu": gpu, "ranks": gathered}, fh)
