@@ -304,8 +304,8 @@ class LBBSPPolicy(Policy):
         if batches is not None:
             squared = np.array([np.ones_like(errors[3]), errors[3] ** 2])
             self._spread += np.where(seen[3], self.SPREAD_RATE * (squared - self._spread), 0.0)
-        valid = np.isfinite(forecast) & (forecast > 0)
-        speeds = sanitize(np.choose(self._choice(forecast), [last, np.where(valid, forecast, last), mean]), 1.0)
+        # _choice picks the forecast only where it is a speed
+        speeds = sanitize(np.choose(self._choice(forecast), [last, forecast, mean]), 1.0)
         offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
                                                                                        positive=False)
         self._previous = np.array([forecast, last, mean, speeds, offsets, floors])

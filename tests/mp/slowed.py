@@ -66,11 +66,12 @@ def run(policy_name):
     model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=4, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, timer])
     tail = [r for r in balancer.history if r["epoch"] >= 2]
-    model_ = getattr(balancer.core.controller.policy, "model", None)
-    gpu_mode = None if model_ is None else {"gpu": model_.gpu, "mean_rate": model_.mean_rate,
-                                            "set_up_measured": int(model_.setup[0].sum()),
-                                            "resyncs": len(balancer.core.resynced)}
-    return {"gpu_mode": gpu_mode, "epoch_time": float(np.mean(timer.times[1:])), "batch": float(np.mean([r["batch_size"] for r in tail])),
+    steptime = getattr(balancer.core.controller.policy, "model", None)
+    gpu_mode = None if steptime is None else {"gpu": steptime.gpu, "mean_rate": steptime.mean_rate,
+                                              "set_up_measured": int(steptime.setup[0].sum()),
+                                              "resyncs": len(balancer.core.resynced)}
+    return {"gpu_mode": gpu_mode, "epoch_time": float(np.mean(timer.times[1:])),
+            "batch": float(np.mean([r["batch_size"] for r in tail])),
             "overhead_ms": 1e3 * float(np.median([r["overhead"] for r in balancer.history])),
             "sizes": sorted({int(r["batch_size"]) for r in balancer.history}), "grid": feed.grid,
             "trace": [(int(r["epoch"]), int(r["step"]), int(r["batch_size"]), round(1e3 * r["compute"], 2))
