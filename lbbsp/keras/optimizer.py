@@ -1,8 +1,10 @@
 """A Keras optimizer wrapper whose update is BSP's on the global batch, whatever the local batch sizes.
 
-Worker i scales its mean-loss gradient g_i by b_i / B before a Horovod
-sum-allreduce, so every worker applies sum_i (b_i / B) g_i: the gradient a
-single machine would compute on all B samples. The same graph notes when the
+Worker i scales its mean loss by b_i / B, so its gradient is (b_i / B) g_i,
+and a Horovod sum-allreduce gives every worker sum_i (b_i / B) g_i: the
+gradient a single machine would compute on all B samples. Scaling the loss
+costs one scalar multiply; scaling the gradients would cost a pass (a kernel
+on a GPU) per gradient tensor. The same graph notes when the
 local gradients exist and when the allreduce is done (so the callback can
 split a step into busy and wait time), and exchanges each worker's small
 stats row inside a gradient's sum-allreduce, which saves a collective per
@@ -25,7 +27,7 @@ class BalanceState:
 
     The graph hands values to Python through two numpy_functions (far cheaper
     than eager variable reads and writes), so the callback itself runs no
-    TensorFlow op per step. Only the gradient scale is a variable, written
+    TensorFlow op per step. Only the loss weight is a variable, written
     when it changes. `on_local` (set by the callback) is called when this
     worker's gradients exist, with its compute seconds, and returns the rest
     of its exchanged row (its forecast). A plain object, not a Trackable, so
@@ -56,7 +58,7 @@ class BalanceState:
         self.local_cost = 0.0
 
     def set_scale(self, value):
-        """Scale of this worker's gradient in the next step (b_i / B); a variable write only on change."""
+        """Weight of this worker's mean loss in the next step (b_i / B); a variable write only on change."""
         value = float(value)
         if value != self._scale_value:
             self.scale.assign(value)
@@ -93,12 +95,19 @@ class BalanceState:
         return np.float64(self.done)
 
 
-def _scale(grad, factor):
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
+def _weighted(loss, tape, weight):
+    """`loss` times `weight` (b_i / B), recorded where its gradient is taken: inside a callable loss, or on `tape`
+    (re-entered, as Keras' LossScaleOptimizer does). A tensor loss without a tape is left to the base
+    optimizer, which refuses it."""
+    def times(value):
+        return value * tf.cast(weight, value.dtype)
+
+    if callable(loss):
+        return lambda: times(loss())
+    if tape is None:
+        return loss
+    with tape:
+        return times(loss)
 
 
 def _tensor_of(grad):
@@ -138,7 +147,8 @@ def _summed(collective, tensors):
 
 
 def _reduce(optimizer, grads):
-    """Scale and sum-allreduce the gradients, exchange the stats rows, time both. Runs in the train graph.
+    """Sum-allreduce the gradients (of losses weighted by `_weighted`), exchange the stats rows, time both. Runs in
+    the train graph.
 
     The rows of lbbsp.exchange travel in a sum-allreduce too: rank i writes
     its row into row i of an (N, fields) float32 matrix of zeros, so the sum
@@ -154,19 +164,18 @@ def _reduce(optimizer, grads):
     local = _computed([_tensor_of(g) for g in grads if g is not None])
     row = tf.numpy_function(state.on_ready, [local], tf.float32, stateful=True, name="lbbsp_ready")
     rows = tf.reshape(row, [-1, len(exchange.FIELDS)])  # not state.size: a traced graph must survive a resize
-    scaled = [None if g is None else _scale(g, state.scale) for g in grads]
-    reduced = list(scaled)
-    dense = [i for i, g in enumerate(scaled) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    reduced = list(grads)
+    dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     # Only the gradients are compressed: 16 bits hold neither a split's digest nor a fast worker's speed. A
     # grouped allreduce holds one dtype: the rows (float32) ride with float32 gradients.
-    packed = {i: compression.compress(scaled[i]) for i in dense}
+    packed = {i: compression.compress(grads[i]) for i in dense}
     if optimizer._lbbsp_grouped:
         by_dtype, apart = {rows.dtype: []}, []
         for i in dense:
             by_dtype.setdefault(packed[i][0].dtype, []).append(i)
     else:  # the rows ride with the smallest float32 gradient, the one whose wait for them costs least
         riders = [i for i in dense if packed[i][0].dtype == rows.dtype]
-        smallest = min(riders, key=lambda i: _elements(scaled[i]), default=None)
+        smallest = min(riders, key=lambda i: _elements(grads[i]), default=None)
         by_dtype = {rows.dtype: [] if smallest is None else [smallest]}
         apart = [i for i in dense if i != smallest]
     for dtype, members in by_dtype.items():
@@ -179,7 +188,7 @@ def _reduce(optimizer, grads):
     for i in apart:  # each as soon as it exists, compressed once (above)
         reduced[i] = compression.decompress(_summed(lambda t: hvd.allreduce(t, op=hvd.Sum), packed[i][0]),
                                             packed[i][1])
-    for i, g in enumerate(scaled):
+    for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
             reduced[i] = _summed(lambda t: hvd.allreduce(t, op=hvd.Sum, compression=compression), g)
     with tf.control_dependencies([_tensor_of(g) for g in reduced if g is not None] + [rows]):
@@ -235,11 +244,13 @@ def DistributedOptimizer(optimizer, compression=hvd.Compression.none, sparse_as_
 
     if isinstance(optimizer, legacy_base):
         def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+            loss = _weighted(loss, tape, self._lbbsp_state.scale)
             return _reduce_pairs(self, base._compute_gradients(self, loss, var_list, grad_loss=grad_loss, tape=tape))
 
         methods = {"_compute_gradients": _compute_gradients}
     else:
         def compute_gradients(self, loss, var_list, tape=None):
+            loss = _weighted(loss, tape, self._lbbsp_state.scale)
             return _reduce_pairs(self, base.compute_gradients(self, loss, var_list, tape))
 
         methods = {"compute_gradients": compute_gradients}

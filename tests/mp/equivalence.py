@@ -5,7 +5,8 @@ Usage: horovodrun -np N python tests/mp/equivalence.py OUT_JSON SHARES (e.g. 3,1
 
 OPTION "mixed_float16": that precision policy (Keras wraps both models' optimizers in a LossScaleOptimizer);
 "fp16": the gradients compressed to 16 bits in the allreduce (hvd.Compression.fp16); "per_tensor": each gradient reduced
-on its own (DistributedOptimizer(grouped=False)), the rows riding with the smallest gradient.
+on its own (DistributedOptimizer(grouped=False)), the rows riding with the smallest gradient; "legacy_sparse": Keras'
+legacy SGD, and an embedding whose gradient is sparse (tf.IndexedSlices, reduced apart from the dense ones).
 """
 import json
 import sys
@@ -38,15 +39,23 @@ bounds = np.round(cuts / cuts[-1] * len(x_val)).astype(int)
 val_shard = (x_val[bounds[hvd.rank()]:bounds[hvd.rank() + 1]], y_val[bounds[hvd.rank()]:bounds[hvd.rank() + 1]])
 
 
+SGD = tf.keras.optimizers.legacy.SGD if option == "legacy_sparse" else tf.keras.optimizers.SGD
+
+
 def build():
     tf.keras.utils.set_random_seed(1)
-    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(5,)),
-                                 tf.keras.layers.Dense(1), tf.keras.layers.Activation("linear", dtype="float32")])
-    return model
+    inputs = tf.keras.Input((5,))
+    hidden = inputs
+    if option == "legacy_sparse":  # an id per sample from its first feature: the embedding's gradient is sparse
+        ids = tf.keras.layers.Lambda(lambda v: tf.cast(tf.abs(v[:, 0]) * 3, tf.int32) % 4)(inputs)
+        hidden = tf.keras.layers.Concatenate()([inputs, tf.keras.layers.Embedding(4, 2)(ids)])
+    hidden = tf.keras.layers.Dense(8, activation="tanh")(hidden)
+    outputs = tf.keras.layers.Activation("linear", dtype="float32")(tf.keras.layers.Dense(1)(hidden))
+    return tf.keras.Model(inputs, outputs)
 
 
 model = build()
-model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(LR, momentum=0.9), compression=compression,
+model.compile(optimizer=lb.DistributedOptimizer(SGD(LR, momentum=0.9), compression=compression,
                                                 grouped=option != "per_tensor"),
               loss="mse", metrics=["mae"])
 feed = lb.BalancedFeed(x, y, global_batch=B, seed=7)
@@ -63,7 +72,7 @@ digests_ok = all(horovod.tensorflow.allgather_object(digests_ok))
 if hvd.rank() == 0:
     # The same global batches on one machine, through plain Keras.
     ref = build()
-    ref.compile(optimizer=tf.keras.optimizers.SGD(LR, momentum=0.9), loss="mse", metrics=["mae"])
+    ref.compile(optimizer=SGD(LR, momentum=0.9), loss="mse", metrics=["mae"])
     losses = []
     for epoch in range(EPOCHS):
         ref.reset_metrics()
