@@ -281,7 +281,7 @@ class LBBSPPolicy(Policy):
         self.model.seen(batches)
 
     def prepare(self, warm_shapes=(), gpu=False):
-        self.model.start(self.num_workers, gpu)
+        self.model.start(self.num_workers, gpu, self.batches.mean())
         for shape in warm_shapes:
             self.model.seen(np.full(self.num_workers, int(shape)))
 

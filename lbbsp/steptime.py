@@ -14,12 +14,15 @@ import numpy as np
 
 from .allocation import step_times
 
-__all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE"]
+__all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE", "GPU_OFFSET_SHARE"]
 
 #: Seconds a new batch shape is taken to cost on a GPU worker until one is measured (cuDNN autotuning).
 GPU_SHAPE_COST = 4.0
 #: Weight of the newest step in a GPU worker's running mean speed (docs/gpu.md, "A running mean speed").
 GPU_MEAN_RATE = 0.2
+#: A GPU worker's fixed cost k until it is fitted, as a share of the equal batch: a GPU step has a fixed part
+#: (kernel launches, the optimizer's update), and before any move k cannot be fitted (docs/gpu.md, "A prior for k").
+GPU_OFFSET_SHARE = 0.2
 
 
 def batch_free_speed(batch, compute, offset=0.0):
@@ -36,7 +39,8 @@ class StepTimeParams:
     max_error: float = 0.25  # a fit of k taken alone (CPU workers, or under three GPU fits) needs its standard
     # error below this fraction of the batch
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
-    offset: float = 0.0  # k in samples until it is fitted (0: splits proportional to measured samples/s)
+    offset: float = None  # k in samples until it is fitted (None: 0 on CPU workers, where splits are then
+    # proportional to measured samples/s, and GPU_OFFSET_SHARE of the equal batch on GPU workers)
     change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change; a
     # speed level that moves by more than this is a change of level
     sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
@@ -54,7 +58,7 @@ class StepTimeParams:
               "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
               "shape_cost": (0.0, math.inf, False, True), "change_memory": (1.0, math.inf, False, True),
               "mean_rate": (0.0, 1.0, True, False)}
-    OPTIONAL = ("shape_cost", "mean_rate")
+    OPTIONAL = ("shape_cost", "mean_rate", "offset")
 
     def __post_init__(self):
         for name, (low, high, low_open, high_open) in self.RANGES.items():
@@ -96,18 +100,23 @@ class StepTimeModel:
         self.params = StepTimeParams.of(params)
         self.start(1)
 
-    def start(self, num_workers, gpu=False):
-        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the shape-cost prior, the mean
-        rate, floors and pooling)."""
-        n = int(num_workers)
+    def start(self, num_workers, gpu=False, share=0.0):
+        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the priors of k and of the shape
+        cost, the mean rate, floors and pooling); `share`: the equal batch."""
+        n, p = int(num_workers), self.params
         self.gpu = bool(gpu)
-        self.prior = self.params.shape_cost if self.params.shape_cost is not None else GPU_SHAPE_COST if gpu else 0.0
-        self.mean_rate = self.params.mean_rate if self.params.mean_rate is not None else GPU_MEAN_RATE if gpu else 1.0
+
+        def device_default(value, on_gpu, on_cpu):  # a parameter left at None: the default for the workers' device
+            return value if value is not None else on_gpu if gpu else on_cpu
+
+        self.shape_prior = device_default(p.shape_cost, GPU_SHAPE_COST, 0.0)
+        self.mean_rate = device_default(p.mean_rate, GPU_MEAN_RATE, 1.0)
+        self.offset_prior = float(device_default(p.offset, GPU_OFFSET_SHARE * share, 0.0))
         # Discounted sums over consecutive-step pairs: pairs whose batch moved, b^2, z^2, z x, z y, z^2 y^2, z^2 x y,
         # z^2 x^2, and all pairs.
         self.sums = np.zeros((9, n))
         self.last = np.full((2, n), np.nan)  # batch and time of the worker's last step above its floor
-        self.offsets = np.full(n, self.params.offset)
+        self.offsets = np.full(n, self.offset_prior)
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
         self.spread2 = np.zeros(n)
@@ -162,7 +171,7 @@ class StepTimeModel:
         (a median: a speed change that coincides with a first visit reads as set-up), else the prior."""
         count, total = self.setup
         measured = count > 0
-        return float(np.median(total[measured] / count[measured])) if measured.any() else self.prior
+        return float(np.median(total[measured] / count[measured])) if measured.any() else self.shape_prior
 
     def new_shapes(self, batches):
         """True for each worker whose batch in `batches` it has not run yet."""

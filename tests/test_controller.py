@@ -147,10 +147,11 @@ def test_a_gpu_worker_whose_speed_scatters_about_a_level_is_planned_at_its_runni
     # mean is closer to its next step than its last speed is, and once scored so, it is planned at that mean.
     # Worker 1 runs at 400 and 1000 samples/s in turn, 10 steps each, without noise: its last speed is wrong only
     # at a change, its mean for several steps after one, so it is planned at its last speed. On CPU workers the
-    # running mean is the last speed (mean_rate 1): both are planned at their last speed.
+    # running mean is the last speed (mean_rate 1): both are planned at their last speed. The steps have no fixed
+    # cost, and the model is told so (a GPU worker's prior k is not 0).
     for gpu in (True, False):
         rng = np.random.default_rng(0)
-        policy = LBBSPPolicy()
+        policy = LBBSPPolicy(model={"offset": 0.0})
         policy.start(100, Bounds.of(2, 100))
         policy.prepare(gpu=gpu)
         for t in range(60):
@@ -238,7 +239,25 @@ def test_stray_slow_steps_neither_hold_off_nor_skew_a_lasting_move():
 
     splits, shapes = _run(LBBSPPolicy(), times, 300, total=512, n=4, gpu=True)
     slowest = ((25.0 + splits[-1]) / speed).max()
-    assert shapes == 4 and slowest < 1.15 * (25.0 + 40) / 1250.0, (shapes, splits[-1])  # best: [216, 216, 40, 40]
+    assert shapes == 4 and slowest < 1.15 * (25.0 + 224) / 5000.0, (shapes, splits[-1])  # best: [224, 224, 32, 32]
+
+
+@pytest.mark.parametrize("offset, bought", [(None, [224, 224, 32, 32]), (0.0, [208, 208, 48, 48])])
+def test_a_cold_gpu_clusters_one_move_counts_a_prior_fixed_cost(offset, bought):
+    # Four GPUs of two generations (4:1), 25 samples of fixed cost, a new shape costs 3 s. The move is bought
+    # before any batch has moved, so before k can be fitted, and kept (another would cost another set-up). From
+    # the GPU prior (a fifth of the equal batch of 128: 25.6 samples) it is the best split on the grid (49.8 ms a
+    # step); from k = 0 it is proportional to the measured samples per second, and the slow GPUs keep 16 samples
+    # too many (58.4 ms).
+    rng = np.random.default_rng(4)
+    known = [{128} for _ in range(4)]
+    speed = np.array([5000.0, 5000.0, 1250.0, 1250.0])
+
+    def times(t, batches):
+        return _set_up(known, batches, (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4)))
+
+    splits, shapes = _run(LBBSPPolicy(model={"offset": offset}), times, 300, total=512, n=4, gpu=True)
+    assert shapes == 4 and splits[-1].tolist() == bought, (shapes, splits[-1])
 
 
 def test_set_up_splits_are_moved_to_for_free_when_the_best_split_does_not_pay():

@@ -105,7 +105,7 @@ def test_slowed_worker_gets_smaller_batch(tmp_path, gpu):
     Eight-step epochs on a shared machine swing by 30% between runs, so whether balancing pays is
     measured by the benchmarks (``benchmarks.compare --scenario slowed-2``, interleaved repeats).
     With `gpu`, the ranks claim GPUs: the decision path runs in its GPU mode (set-up costs, floors, pooled
-    fixed costs, running mean speeds) and, every grid shape set up before training, moves for free.
+    fixed costs and their prior, running mean speeds) and, every grid shape set up before training, moves for free.
     """
     out = tmp_path / "result.json"
     horovodrun(2, "slowed.py", out, "lbbsp", *(["gpu"] if gpu else []))
@@ -113,6 +113,7 @@ def test_slowed_worker_gets_smaller_batch(tmp_path, gpu):
     for rank in r["ranks"]:
         mode = rank["lbbsp"]["gpu_mode"]
         assert mode["gpu"] == gpu and mode["mean_rate"] == (0.2 if gpu else 1.0) and mode["resyncs"] == 0, mode
+        assert mode["offset_prior"] == (0.2 * 512 if gpu else 0.0), mode  # k before its fit: 0.2 of the equal batch
         assert not gpu or mode["set_up_measured"] == 0, "every shape it ran was set up before training"
     fast, slow = r["ranks"]
     print(f"slowdown: {r['slowdown']}; epoch time equal {fast['equal']['epoch_time']:.3f}s, "

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbsp.membership import remap
-from lbbsp.steptime import GPU_SHAPE_COST, StepTimeModel, StepTimeParams
+from lbbsp.steptime import GPU_OFFSET_SHARE, GPU_SHAPE_COST, StepTimeModel, StepTimeParams
 
 
 def model(n, gpu=False, **params):
@@ -37,6 +37,28 @@ def test_fixed_cost_is_identified_once_the_batch_varies():
     np.testing.assert_allclose(m.offsets, k, rtol=1e-6)
     np.testing.assert_allclose(m.speeds, v, rtol=1e-6)
     np.testing.assert_allclose(m.predict([10, 10]), (k + 10) / v, rtol=1e-6)
+
+
+def test_a_gpu_worker_plans_with_a_prior_fixed_cost_until_its_own_is_fitted():
+    # Before any move k cannot be fitted (one batch size): GPU workers start from GPU_OFFSET_SHARE of the equal
+    # batch, CPU workers from 0, and a given `offset` overrides both. Fitted, k is the measured one.
+    v, k = np.array([1000.0, 250.0]), np.array([40.0, 40.0])
+    m = StepTimeModel()
+    m.start(2, gpu=True, share=128)
+    assert m.offset_prior == pytest.approx(GPU_OFFSET_SHARE * 128) and np.allclose(m.offsets, m.offset_prior)
+    feed(m, [[128, 128]] * 5, v, k)
+    assert not m.identified.any() and np.allclose(m.offsets, GPU_OFFSET_SHARE * 128)
+    # The speeds are batch-free at the prior: (b + k) / t, so a split planned before any move counts it.
+    np.testing.assert_allclose(m.speeds, (128 + GPU_OFFSET_SHARE * 128) * v / (k + 128))
+    feed(m, [[160, 96], [192, 64], [176, 80], [128, 128], [144, 112]], v, k, noise=0.001)
+    assert m.identified.all()
+    np.testing.assert_allclose(m.offsets, k, rtol=0.1)
+    m.start(2, share=128)
+    assert m.offset_prior == 0.0 and np.allclose(m.offsets, 0.0)
+    m = StepTimeModel({"offset": 10.0})
+    for gpu in (False, True):
+        m.start(2, gpu=gpu, share=128)
+        assert np.allclose(m.offsets, 10.0)
 
 
 def test_from_three_fits_on_a_gpu_without_one_takes_their_pooled_fixed_cost():

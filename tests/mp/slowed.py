@@ -68,6 +68,7 @@ def run(policy_name):
     tail = [r for r in balancer.history if r["epoch"] >= 2]
     steptime = getattr(balancer.core.controller.policy, "model", None)
     gpu_mode = None if steptime is None else {"gpu": steptime.gpu, "mean_rate": steptime.mean_rate,
+                                              "offset_prior": steptime.offset_prior,
                                               "set_up_measured": int(steptime.setup[0].sum()),
                                               "resyncs": len(balancer.core.resynced)}
     return {"gpu_mode": gpu_mode, "epoch_time": float(np.mean(timer.times[1:])),
