@@ -102,7 +102,8 @@ class StepTimeModel:
 
     def start(self, num_workers, gpu=False, share=0.0):
         """Forget everything (start of training); `gpu`: some worker trains on a GPU (the priors of k and of the shape
-        cost, the mean rate, floors and pooling); `share`: the equal batch."""
+        cost, the mean rate, floors and pooling); `share`: the equal batch, of which GPU_OFFSET_SHARE is the GPU prior
+        of k (0: k starts at 0)."""
         n, p = int(num_workers), self.params
         self.gpu = bool(gpu)
 
