@@ -11,13 +11,14 @@ BalanceController built as benchmarks.worker builds it for the variant
 same decisions. The replay checks that it does, against the batch sizes the
 ranks then ran, and prints for each step what the decision saw: the split
 run and the split decided, each worker's batch-free speed, fixed cost and
-change threshold, the workers whose speed the step-time model saw jump,
-the workers whose forecasts or (on GPUs) running mean speeds it planned
-with (where they have lately beaten their last measured speeds), learned
-floors, and the forgone saving that a move to new batch shapes must pay
-for, with the workers' speed levels (what three consecutive steps agreed
-on) that such a move is valued at where a set-up costs more than a step. A recovery slower than it should be can then be
-traced to its cause without running the cluster again.
+change threshold, the workers whose speed the step-time model saw jump, the
+workers whose forecasts or (on GPUs) running mean speeds it planned with
+(where they have lately beaten their last measured speeds), learned floors,
+and the forgone saving that a move to new batch shapes must pay for, with
+the workers' speed levels (what three consecutive steps agreed on) that
+such a move is valued at where a set-up costs more than a step. A recovery
+slower than it should be can then be traced to its cause without running
+the cluster again.
 """
 import argparse
 import csv
