@@ -242,8 +242,9 @@ class LBBSPPolicy(Policy):
 
     Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
     speed: StepTimeParams.mean_rate), whichever has lately been closest; the split balances those speeds or,
-    chosen in hindsight, their tails; it is taken when it saves more than `min_gain` of the step and its new
-    batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
+    chosen in hindsight, their tails, where it beats equal batches by more than the planned speeds' noise; it
+    is taken when it saves more than `min_gain` of the step and its new batch shapes pay for their set-up
+    within `horizon` steps (None: the epoch's rest).
     `model`: StepTimeParams or a dict of its fields.
     """
 
@@ -378,13 +379,14 @@ class LBBSPPolicy(Policy):
         return times, (times[free].max() - after[free].max()) if free.any() else 0.0
 
     def _move(self, target, mean, stats):
-        """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new
-        batch shape. One that does is taken once its set-up (done in parallel) is paid twice: by the saving forgone
-        while the move stayed worth making (ski rental), and by the saving over the horizon (at most as long as the
-        slowest worker's speed is expected to hold). Savings are at the planned (`mean`) speeds: the tails say
-        where to split, not what a move saves. A move whose set-up costs more than a step is split and valued at
-        the speed levels, which a stray step does not move, and until it is bought, a split already set up is
-        taken where it pays (`_free`)."""
+        """The split to take now, or None: `target` (equal batches where it beats them only by noise: `_anchored`)
+        where it saves more than min_gain of the step and needs no new batch shape. One that does is taken once its
+        set-up (done in parallel) is paid twice: by the saving forgone while the move stayed worth making (ski
+        rental), and by the saving over the horizon (at most as long as the slowest worker's speed is expected to
+        hold). Savings are at the planned (`mean`) speeds: the tails say where to split, not what a move saves. A
+        move whose set-up costs more than a step is split and valued at the speed levels, which a stray step does
+        not move, and until it is bought, a split already set up is taken where it pays (`_free`)."""
+        target = self._anchored(target)
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
@@ -408,6 +410,18 @@ class LBBSPPolicy(Policy):
             self._bought = target
             return target
         return self._free(mean, times.max()) if lasting else None
+
+    def _anchored(self, target):
+        """`target`, or the equal split where `target` beats it at the planning curves by no more than noise would:
+        the planned speeds' spread (the steps' median spread, in variance rate / (2 - rate) of it for a running mean
+        at `mean_rate`) times sqrt(2 ln N), about how far the largest of N draws strays. Among identical workers
+        that is all a noisy speed suggests; between workers that differ, the best split gains more."""
+        total, n = int(self.batches.sum()), self.num_workers
+        equal = self._split(np.ones(n), total)
+        rate = self.model.mean_rate
+        spread = float(np.sqrt(np.median(self.model.spread2) * rate / (2.0 - rate) * 2.0 * np.log(max(n, 2))))
+        before, after = step_times(equal, *self._curves).max(), step_times(target, *self._curves).max()
+        return equal if before - after <= spread * before else target
 
     def _free(self, curves, now):
         """The equal split or the last split bought, whichever saves more at `curves`, where every worker has its
