@@ -45,8 +45,9 @@ def make_test_predictors():
 
 def trusting_policy(**kwargs):
     """lbbsp's policy, planning with every valid forecast (the default uses a worker's forecasts only where they
-    have lately beaten its measured level) and taking the split it plans however little that beats equal batches
-    (the default keeps them within the speeds' noise): the tests' predictors then set the split."""
+    have lately beaten its measured level), balancing the forecasts themselves (the default may balance their
+    tails, which the timings' noise sets) and taking the split it plans however little that beats equal batches
+    (the default keeps them within the speeds' noise): the tests' predictors alone then set the split."""
     import numpy as np
 
     from lbbsp.policies import LBBSPPolicy
@@ -56,6 +57,9 @@ def trusting_policy(**kwargs):
             speeds, offsets, floors = super().curves(forecast, *measured)
             good = np.isfinite(forecast) & (np.asarray(forecast) > 0)
             return np.where(good, forecast, speeds), offsets, floors
+
+        def tail(self, speeds):
+            return speeds
 
         def _anchored(self, target):
             return target
