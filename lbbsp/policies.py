@@ -65,7 +65,7 @@ class Policy:
         if not isinstance(bounds, Bounds):
             raise ValueError(f"bounds={bounds!r} is not allowed: give a lbbsp.allocation.Bounds")
         self.bounds = bounds
-        self.batches = self._split(np.ones(bounds.num_workers), bounds.check(global_batch))
+        self.batches = self._equal(bounds.check(global_batch))
         return self.batches.copy()
 
     @property
@@ -74,6 +74,10 @@ class Policy:
 
     def _split(self, shares, total):
         return proportional(total, self.bounds, shares)
+
+    def _equal(self, total):
+        """The equal split of `total` within the bounds."""
+        return self._split(np.ones(self.num_workers), total)
 
     def resize(self, global_batch):
         """The current shares for a step whose global batch differs (the end of an epoch)."""
@@ -417,7 +421,7 @@ class LBBSPPolicy(Policy):
         at `mean_rate`) times sqrt(2 ln N), about how far the largest of N draws strays. Among identical workers
         that is all a noisy speed suggests; between workers that differ, the best split gains more."""
         total, n = int(self.batches.sum()), self.num_workers
-        equal = self._split(np.ones(n), total)
+        equal = self._equal(total)
         rate = self.model.mean_rate
         spread = float(np.sqrt(np.median(self.model.spread2) * rate / (2.0 - rate) * 2.0 * np.log(max(n, 2))))
         before, after = step_times(equal, *self._curves).max(), step_times(target, *self._curves).max()
@@ -427,7 +431,7 @@ class LBBSPPolicy(Policy):
         """The equal split or the last split bought, whichever saves more at `curves`, where every worker has its
         shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
         total = int(self.batches.sum())
-        free = [s for s in (self._split(np.ones(self.num_workers), total), self._bought)
+        free = [s for s in (self._equal(total), self._bought)
                 if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]
         savings = [self._saving(s, curves)[1] for s in free]
         return free[int(np.argmax(savings))] if free and max(savings) > self.min_gain * now else None
