@@ -87,9 +87,11 @@ else:
                                          batch_multiple=multiple)
 last = rank == hvd.size() - 1
 predictor = (FailingPredictor if kind == "failing" and last else RandomPredictor)(seed=rank)
-# Random forecasts, always trusted (a change threshold nothing exceeds), move the split at every step.
+# Random forecasts, always made (no forecast budget: on a loaded machine the predictor would otherwise give way to
+# the last measured speed) and always trusted (a change threshold nothing exceeds), move the split at every step.
 policy = trusting_policy(min_gain=0.0, model={"change": 100.0})
-balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0, decision_budget=decision_budget)
+balancer = lb.LoadBalancer(feed, policy=policy, predictor=predictor, warmup_steps=0, decision_budget=decision_budget,
+                           forecast_budget=None)
 decisions = Decisions(balancer)
 dataset = feed.dataset()
 read.clear()  # dataset() read one sample to learn the element signature
