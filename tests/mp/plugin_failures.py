@@ -19,6 +19,7 @@ from _common import init_worker, sine_job
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
 from lbbsp.policies import LBBSPPolicy  # noqa: E402
+from horovod.tensorflow import allgather_object  # noqa: E402
 from predictor.base import SpeedPredictor  # noqa: E402
 
 out_dir, csv_path = sys.argv[1], sys.argv[2]
@@ -62,6 +63,7 @@ balancer = lb.LoadBalancer(feed, policy=Miscounting(), predictor=Unpicklable(), 
                            state_path=os.path.join(out_dir, "state_{rank}.pkl"))
 history = model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=3, verbose=0,
                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer])
+allgather_object(rank, name="saved")  # every rank's last save is over before any lists the folder
 with open(os.path.join(out_dir, f"failures_{rank}.json"), "w") as fh:
     json.dump({"epochs": len(history.history["loss"]), "rows": len(balancer.history), "warnings": warnings,
                "resyncs": len(balancer.resynced), "batches": sorted({r["batch_size"] for r in balancer.history}),
