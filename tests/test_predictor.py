@@ -32,14 +32,17 @@ def feed(p, speeds, features=None):
 
 def test_telemetry_on_this_machine_is_cheap_and_in_range():
     t = Telemetry()
+    cpu, wall = time.process_time(), time.monotonic()
     busy = time.perf_counter() + 0.05
     while time.perf_counter() < busy:
         pass
     first = t.sample()
+    allowed = len(os.sched_getaffinity(0))
+    share = (time.process_time() - cpu) / (time.monotonic() - wall) / allowed  # what the loop got: less on a busy machine
     assert first.shape == (len(FEATURES),) and np.isfinite(first).all()
     values = dict(zip(FEATURES, first))
-    allowed = len(os.sched_getaffinity(0))
-    assert 0.6 / allowed < values["proc_cpu"] <= 1.05 / allowed + 0.05, "a busy loop uses one of the allowed cores"
+    assert values["proc_cpu"] <= 1.05 / allowed + 0.05, "a busy loop uses at most one of the allowed cores"
+    assert abs(values["proc_cpu"] - share) <= 0.05 + 0.1 * share, (values["proc_cpu"], share)
     assert 0 <= values["sys_cpu"] <= 1 and 0 < values["mem_available"] <= 1 and 0 < values["proc_rss"] < 1
     assert values["cpu_quota"] > 0 and values["throttled"] >= 0 and values["run_queue"] > 0
     costs = []

@@ -46,8 +46,10 @@ def make_test_predictors():
 def trusting_policy(**kwargs):
     """lbbsp's policy, planning with every valid forecast (the default uses a worker's forecasts only where they
     have lately beaten its measured level), balancing the forecasts themselves (the default may balance their
-    tails, which the timings' noise sets) and taking the split it plans however little that beats equal batches
-    (the default keeps them within the speeds' noise): the tests' predictors alone then set the split."""
+    tails, which the timings' noise sets), taking the split it plans however little that beats equal batches
+    (the default keeps them within the speeds' noise) and taking new batch shapes to cost nothing (where a first
+    visit measures a set-up longer than a step, the default values moves at the measured speed levels): the
+    tests' predictors alone then set the split."""
     import numpy as np
 
     from lbbsp.policies import LBBSPPolicy
@@ -63,6 +65,9 @@ def trusting_policy(**kwargs):
 
         def _anchored(self, target):
             return target
+
+        def setup_cost(self, target):
+            return 0.0
 
     return Trusting(**kwargs)
 

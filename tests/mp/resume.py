@@ -63,9 +63,12 @@ model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh", input_s
 model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
 feed = lb.BalancedFeed.from_function(fetch, N_SAMPLES, global_batch=8, seed=3)
 # k pinned at 0 (min_spread=1), the forecasts always made (no forecast budget) and always trusted (a change
-# threshold nothing exceeds): the split follows the forecasts exactly, 1 : 2 (: 3), whatever the tiny model's timings.
+# threshold nothing exceeds), a decision at every step (no decision budget: with one, the split decided while the
+# first, traced steps made rank 2's forecast look absurd could hold for the whole run): the split follows the
+# forecasts exactly, 1 : 2 (: 3), whatever the tiny model's timings.
 policy = trusting_policy(min_gain=0.0, model={"min_spread": 1.0, "change": 100.0})
 balancer = lb.LoadBalancer(feed, policy=policy, predictor=RankSpeed(), warmup_steps=0, forecast_budget=None,
+                           decision_budget=None,
                            state_path=os.path.join(out_dir, "lbbsp_state_{rank}.pkl"),
                            state_every=3 if mode == "steps" else None)
 weights = os.path.join(out_dir, f"weights_{rank}.h5")
