@@ -17,7 +17,7 @@ __all__ = ["ABLATIONS"]
 
 
 class _MeanOnly(LBBSPPolicy):
-    """No tail split: always the split that balances the planned speeds."""
+    """No hindsight choice: always the split that balances the planned speeds."""
 
     def _choose(self, stats, curves):
         return split(int(self.batches.sum()), self.bounds, *curves), curves
@@ -66,7 +66,7 @@ def _with_model(model_class):
 
 #: name: (what is switched off, a policy factory, the predictor)
 ABLATIONS = {
-    "abl-mean": ("the tail split and its choice in hindsight", _MeanOnly, "narx"),
+    "abl-mean": ("the choice in hindsight (of the equal, balanced and tail splits)", _MeanOnly, "narx"),
     "abl-normal": ("the tails' scale (TAIL_SCALE = 1: normal tails)", _NormalTail, "narx"),
     "abl-spread50": ("the tail spread's 200-step memory and its debiasing (50 steps from zero)", _Spread50, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),

@@ -245,10 +245,10 @@ class LBBSPPolicy(Policy):
     """LB-BSP: the min-max split of the predicted step times, taken where it pays (docs/method.md).
 
     Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
-    speed: StepTimeParams.mean_rate), whichever has lately been closest; the split balances those speeds or,
-    chosen in hindsight, their tails, where it beats equal batches by more than the planned speeds' noise; it
-    is taken when it saves more than `min_gain` of the step and its new batch shapes pay for their set-up
-    within `horizon` steps (None: the epoch's rest).
+    speed: StepTimeParams.mean_rate), whichever has lately been closest; of the split balancing those speeds,
+    the one balancing their tails and the equal split, the one lately fastest in hindsight is the target, where
+    it beats equal batches by more than the planned speeds' noise; it is taken when it saves more than `min_gain`
+    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
     `model`: StepTimeParams or a dict of its fields.
     """
 
@@ -263,9 +263,9 @@ class LBBSPPolicy(Policy):
     #: The tail split plans each worker TAIL_SCALE sqrt(2 ln N) spreads slow: a normal's largest of N draws,
     #: scaled for step-time noise's heavier tails.
     TAIL_SCALE = 1.25
-    #: Weight of the newest step in the running log ratio of the tail's step time to the mean's, and the margin
-    #: that ratio must pass to switch (a switch moves the split: not worth it for a hair).
-    CHOICE_RATE, TAIL_MARGIN = 0.05, 0.01
+    #: Weight of the newest step in each candidate split's running log step time (against the balanced split's), and
+    #: the margin by which another must beat the one in use to replace it (a switch moves the split: not worth a hair).
+    CHOICE_RATE, MARGIN = 0.05, 0.01
 
     def __init__(self, min_gain=0.02, horizon=None, model=None):
         self.min_gain = float(_positive("min_gain", min_gain, high=1.0))
@@ -279,7 +279,8 @@ class LBBSPPolicy(Policy):
         # squared planning error of the tail's spread; the three candidates and the curves last planned with.
         self._errors, self._spread = np.zeros((3, bounds.num_workers)), np.zeros((2, bounds.num_workers))
         self._previous = np.full((6, bounds.num_workers), np.nan)
-        self._proposals, self._tail_score, self._use_tail, self._bought = {}, 0.0, False, None
+        # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail), the splits proposed.
+        self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 1, {}, None
         return super().start(global_batch, bounds)
 
     def seen(self, batches):
@@ -340,23 +341,29 @@ class LBBSPPolicy(Policy):
         return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.planning_spread2))
 
     def _choose(self, stats, curves):
-        """The split balancing the planned speeds or their tails, whichever has lately been faster: both are
-        proposed for every step and scored once it is measured; the choice moves past TAIL_MARGIN."""
+        """Of the equal split and the splits balancing the planned speeds and their tails, the one lately fastest:
+        each is proposed for every step and scored once that step is measured (its slowest time at the measured
+        speeds); another replaces the one in use when it beats it by MARGIN. Among workers whose differences
+        are noise, the equal split wins; between workers that differ, a balanced one."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
         tail = self.tail(speeds)
-        splits = np.array([split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)])
-        measured = self.model.measured
+        balanced = [split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)]
+        splits = np.array([self._equal(total), *balanced])
+        # The speeds the step measured; a worker on its floor measured none: its last.
+        measured = np.where(np.isfinite(self.model.measured), self.model.measured, self.model.speeds)
         # The proposals in force in the measured step: the latest made for it or before.
         due = [step for step in self._proposals if step <= stats.step]
         proposed = self._proposals[max(due)] if due else None
         if proposed is not None and proposed.shape == splits.shape and np.isfinite(measured).all():
             times = step_times(proposed, measured, offsets, floors).max(axis=1)
-            self._tail_score += self.CHOICE_RATE * (np.log(times[1] / times[0]) - self._tail_score)
-            self._use_tail = self._tail_score < (self.TAIL_MARGIN if self._use_tail else -self.TAIL_MARGIN)
+            self._scores += self.CHOICE_RATE * (np.log(times / times[1]) - self._scores)
+            best = int(np.argmin(self._scores))
+            if self._scores[best] < self._scores[self._chosen] - self.MARGIN:
+                self._chosen = best
         self._proposals = {step: s for step, s in self._proposals.items() if step > stats.step}
         self._proposals[stats.target] = splits
-        return splits[int(self._use_tail)], (tail if self._use_tail else speeds, offsets, floors)
+        return splits[self._chosen], (tail if self._chosen == 2 else speeds, offsets, floors)
 
     def surprised(self, stats):
         """A worker's step departed from the model's prediction beyond noise: its speed changed."""
@@ -446,14 +453,14 @@ class LBBSPPolicy(Policy):
         return split(int(global_batch), self.bounds, *self._curves)
 
     def state(self):
-        return dict(super().state(), model=self.model.state(), tail=(self._tail_score, self._use_tail),
+        return dict(super().state(), model=self.model.state(), choice=(self._scores.copy(), self._chosen),
                     proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
                     proposal=self._proposal, bought=self._bought)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
-        (self._tail_score, self._use_tail), self._regret = state["tail"], state["regret"]
+        (self._scores, self._chosen), self._regret = state["choice"], state["regret"]
         self._proposals, self._proposal, self._bought = dict(state["proposals"]), state["proposal"], state["bought"]
 
     def rejoin(self, state, index, global_batch):

@@ -323,6 +323,28 @@ def test_identical_gpus_keep_equal_batches_through_their_noise_and_a_slow_one_st
     assert splits[-1][3] < 96 and splits[-1].sum() == 1024, splits[-1]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_identical_gpus_do_not_chase_stray_steps_that_last_a_step_and_a_slow_one_still_sheds_samples(seed):
+    # Eight GPUs, every grid shape set up, steps quiet (0.5%) but for stray ones: each GPU takes 2-3x as long in
+    # 5% of its steps, each time for one step (as on the H100's line). The noise test lets splits through that
+    # chase them (the strays are left out of the spread it compares with); scored in hindsight, the equal split
+    # has been faster, and it is kept. Never leaving the balanced split, the policy is off equal batches at
+    # 134-147 of steps 50-199 (seeds 0-3). Once one GPU runs at 0.6 of the others' speed, it sheds samples.
+    rng = np.random.default_rng(seed)
+    speeds = np.full(8, 5000.0)
+
+    def times(t, batches):
+        if t == 200:
+            speeds[3] = 3000.0
+        stray = np.where(rng.random(8) < 0.05, rng.uniform(2.0, 3.0, 8), 1.0)
+        return (25.0 + batches) / speeds * np.exp(rng.normal(0, 0.005, 8)) * stray
+
+    splits, _ = _run(LBBSPPolicy(), times, 260, total=1024, n=8, gpu=True, warm_shapes=range(8, 257, 8))
+    off = [t for t in range(50, 200) if (splits[t] != 128).any()]
+    assert len(off) <= 15, off
+    assert splits[-1][3] < 96 and splits[-1].sum() == 1024, splits[-1]
+
+
 def test_warm_shapes_are_set_up_and_moves_among_them_cost_nothing():
     policy = LBBSPPolicy()
     loop = Loop(BalanceController(policy, warmup_steps=0), 2, [256] * 50, multiple=8, gpu=True,
