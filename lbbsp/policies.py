@@ -64,7 +64,7 @@ class Policy:
         """Reset for a new training run within `bounds` (lbbsp.allocation.Bounds); the first step's batches."""
         if not isinstance(bounds, Bounds):
             raise ValueError(f"bounds={bounds!r} is not allowed: give a lbbsp.allocation.Bounds")
-        self.bounds = bounds
+        self.bounds, self._equals = bounds, {}
         self.batches = self._equal(bounds.check(global_batch))
         return self.batches.copy()
 
@@ -76,8 +76,11 @@ class Policy:
         return proportional(total, self.bounds, shares)
 
     def _equal(self, total):
-        """The equal split of `total` within the bounds."""
-        return self._split(np.ones(self.num_workers), total)
+        """The equal split of `total` within the bounds, computed once per total (lbbsp's policy proposes it at every
+        decision)."""
+        if total not in self._equals:
+            self._equals[total] = self._split(np.ones(self.num_workers), total)
+        return self._equals[total].copy()
 
     def resize(self, global_batch):
         """The current shares for a step whose global batch differs (the end of an epoch)."""
@@ -350,7 +353,7 @@ class LBBSPPolicy(Policy):
         tail = self.tail(speeds)
         balanced = [split(total, self.bounds, v, offsets, floors) for v in (speeds, tail)]
         splits = np.array([self._equal(total), *balanced])
-        # The speeds the step measured; a worker on its floor measured none: its last.
+        # The speeds the step measured; a worker whose step measured none (on its floor, say): its last.
         measured = np.where(np.isfinite(self.model.measured), self.model.measured, self.model.speeds)
         # The proposals in force in the measured step: the latest made for it or before.
         due = [step for step in self._proposals if step <= stats.step]

@@ -38,7 +38,8 @@ def test_telemetry_on_this_machine_is_cheap_and_in_range():
         pass
     first = t.sample()
     allowed = len(os.sched_getaffinity(0))
-    share = (time.process_time() - cpu) / (time.monotonic() - wall) / allowed  # what the loop got: less on a busy machine
+    # The share of the allowed cores the loop got: less on a busy machine.
+    share = (time.process_time() - cpu) / (time.monotonic() - wall) / allowed
     assert first.shape == (len(FEATURES),) and np.isfinite(first).all()
     values = dict(zip(FEATURES, first))
     assert values["proc_cpu"] <= 1.05 / allowed + 0.05, "a busy loop uses at most one of the allowed cores"
