@@ -1,11 +1,11 @@
 """Online per-worker step-time model t_i(b) = max(f_i, (k_i + b) / v_i) (numpy only; one instance, all workers).
 
 v_i is the batch-free speed (k_i + b) / t of the worker's last step above its floor: contention moves v_i,
-the split moves b. k_i (the fixed cost in samples) is an instrumental-variables fit over consecutive steps,
-pooled across GPU workers by empirical Bayes; f_i, on GPU workers only, a kernel-launch floor: the time of a
-step whose batch fell without its time. A step far off its prediction beyond noise is a speed change; the
-first step at a new batch shape measures its set-up. Every rank fits the same gathered numbers, so all hold
-the same model (docs/method.md, section 1).
+the split moves b. k_i (the fixed cost in samples) is an instrumental-variables fit over pairs of steps above
+the floor with none on it between them, pooled across GPU workers by empirical Bayes; f_i, on GPU workers
+only, a kernel-launch floor: the time of a step whose batch fell without its time. A step far off its
+prediction beyond noise is a speed change; the first step at a new batch shape measures its set-up. Every
+rank fits the same gathered numbers, so all hold the same model (docs/method.md, section 1).
 """
 import dataclasses
 import math
@@ -88,7 +88,8 @@ class StepTimeModel:
     #: the others' estimates) or a value (no observations of its own).
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
-                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0, "means": "mean"}
+                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0, "means": "mean",
+                  "above": False}
 
     #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
     POOL_FROM = 3
@@ -117,6 +118,7 @@ class StepTimeModel:
         # z^2 x^2, and all pairs.
         self.sums = np.zeros((9, n))
         self.last = np.full((2, n), np.nan)  # batch and time of the worker's last step above its floor
+        self.above = np.zeros(n, dtype=bool)  # the worker's latest measured step was above its floor
         self.offsets = np.full(n, self.offset_prior)
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
@@ -225,7 +227,11 @@ class StepTimeModel:
         self.floors = np.where(self.changed, 0.0, self.floors)  # a floor measured under other contention
         steady = above & np.isfinite(resid) & ~self.changed
         self.spread2 = np.where(steady, self.spread2 + p.noise_rate * (resid ** 2 - self.spread2), self.spread2)
-        pair = steady & np.isfinite(b0)
+        # A pair is two steps above the floor with none on the floor between them (a step without a measurement, a
+        # set-up, is skipped). Across a visit to the floor the batch change holds the moves decided from the earlier
+        # step's own time, and an instrument that answers the noise it is fitted against lowers k (docs/gpu.md).
+        pair = steady & self.above
+        self.above = np.where(ok, above, self.above)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
         zz = z * z
         self.sums *= np.where(pair, p.forgetting, 1.0)

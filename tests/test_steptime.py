@@ -216,6 +216,30 @@ def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
     assert np.median(estimates) == pytest.approx(k, rel=0.2), estimates
 
 
+def test_a_pair_is_two_steps_above_the_floor_with_none_on_it_between():
+    # A GPU is moved onto its floor and back, as a balancer answers a step it measured slow. The step back and the
+    # step before the floor are no pair: their batch change answers the earlier step's own time, and an instrument
+    # that answers the noise it is fitted against lowers k (docs/gpu.md, "No pair across the floor"). A step that
+    # measures a set-up is skipped: the steps on either side of it are a pair.
+    v, k, floor = np.array([1000.0]), np.array([40.0]), 0.12
+    m = model(1, gpu=True)
+    feed(m, [[128], [96], [96], [128], [112], [112], [128], [96], [112], [128]], v, k, floor, setup=4.0)
+    assert m.identified[0] and m.offsets[0] == pytest.approx(40.0)
+
+    def pairs_after(batches, **kwargs):
+        feed(m, batches, v, k, floor, **kwargs)
+        return m.sums[-1, 0]  # the discounted count of pairs
+
+    before = pairs_after([[96]])
+    assert pairs_after([[8], [8]], setup=4.0) == before and m.floors[0] == pytest.approx(floor)  # a set-up, the floor
+    assert pairs_after([[128]]) == before, "the step back from the floor pairs with nothing"
+    before = pairs_after([[112]])
+    assert before > 1.0
+    assert pairs_after([[136]], setup=4.0) == before  # a set-up: no measurement
+    assert pairs_after([[136]]) == pytest.approx(0.98 * before + 1.0), "the steps on either side of it are a pair"
+    assert m.offsets[0] == pytest.approx(40.0)
+
+
 @given(st.lists(st.tuples(st.integers(1, 500), st.floats(1e-4, 10.0)), min_size=1, max_size=40))
 @settings(max_examples=200, deadline=None)
 def test_state_stays_finite_and_bounded(pairs):
