@@ -24,5 +24,6 @@ setup(
     package_data={"predictor": ["models/*.npz", "data/traces/*.csv.gz"]},
     install_requires=["numpy>=1.23,<3", "psutil>=5.9"],
     extras_require={"gpu": ["nvidia-ml-py>=11.5"]},
-    classifiers=["Programming Language :: Python :: 3.11", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
+    classifiers=["Programming Language :: Python :: 3.11",
+                 "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

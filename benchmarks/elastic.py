@@ -236,7 +236,8 @@ def main(argv=None):
              "before | steps 0-2 | steps 3-7 | steps 3-end |", "|---|---|---|---|---|---|---|---|---|"]
     for label, runs in results.items():
         walls = [x["wall"] for x in runs]
-        head = f"| {label} | {np.median(walls):.1f} [{min(walls):.1f}-{max(walls):.1f}] | {base / np.median(walls):.2f}x"
+        wall = np.median(walls)
+        head = f"| {label} | {wall:.1f} [{min(walls):.1f}-{max(walls):.1f}] | {base / wall:.2f}x"
         for event in ("join", "kill"):
             found = [c for x in runs for c in x["changes"] if c["event"] == event]
             if not found:

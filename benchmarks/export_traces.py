@@ -41,7 +41,8 @@ def export(run_dir, out_dir, prefix="live"):
         name = f"{prefix}_{scenario}_{os.path.basename(os.path.abspath(run_dir))}_rank{rank}.csv.gz"
         target = os.path.join(out_dir, name)
         write_trace(target, out_rows, [
-            f"exported by: python -m benchmarks.export_traces from a live lbbsp run of scenario {scenario}, rank {rank}",
+            "exported by: python -m benchmarks.export_traces from a live lbbsp run of scenario "
+            f"{scenario}, rank {rank}",
             "speed is the batch-free speed (b + k) / t; the batch changes from step to step; quota in cores",
         ])
         written.append(target)

@@ -46,7 +46,8 @@ def main(argv=None):
         if not reader.available:
             print("NVML unavailable: nothing to measure")
             return 1
-        print(f"reading: {dict(zip(('procs', 'other_mem', 'sm_clock', 'power', 'cap', 'slowdown', 'mem'), reader.read()))}")
+        names = ("procs", "other_mem", "sm_clock", "power", "cap", "slowdown", "mem")
+        print(f"reading: {dict(zip(names, reader.read()))}")
         rows = {"NVMLReader.read (reader thread)": _timed(reader.read, args.reads),
                 "NVMLReader.sample (critical path)": _timed(reader.sample, args.reads)}
         telemetry = Telemetry(gpu=reader.start())

@@ -184,7 +184,8 @@ def main(argv=None):
             make, predictor = POLICIES[name]
             runs = [run(make(), predictor, mode=mode, seed=s, steps=args.steps) for s in seeds]
             print(f"{mode:<7} {name:<22} {1e3 * np.median([r['step'] for r in runs]):>8.1f} "
-                  f"{np.median([r['eta'] for r in runs]):>6.3f}   {_recovery(runs, 'cut')} | {_recovery(runs, 'restore')}",
+                  f"{np.median([r['eta'] for r in runs]):>6.3f}   "
+                  f"{_recovery(runs, 'cut')} | {_recovery(runs, 'restore')}",
                   flush=True)
         print(f"{mode:<7} {'phase oracle':<22} {1e3 * step:>8.1f}          worker 1 gets {slowed} samples while cut, "
               f"{normal} otherwise", flush=True)

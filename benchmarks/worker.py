@@ -40,8 +40,8 @@ def parse(argv=None):
     parser.add_argument("--prefetch", type=int, default=1,
                         help="steps the images workload's input pipeline prepares ahead (<= --plan-ahead)")
     parser.add_argument("--batch-multiple", type=int,
-                        help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed batch_multiple; "
-                             "default: lbbsp.allocation.default_multiple)")
+                        help="lbbsp's batch grid: every worker's batch a multiple of this (BalancedFeed "
+                             "batch_multiple; default: lbbsp.allocation.default_multiple)")
     parser.add_argument("--forecast-budget", default=None,
                         help="LoadBalancer forecast_budget: a share of compute time, or 'none' to run the predictor "
                              "at every step (default: lbbsp.forecasting.FORECAST_BUDGET)")

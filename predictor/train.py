@@ -153,8 +153,8 @@ def train(paths, narx_candidates=NARX_CANDIDATES, arx_candidates=ARX_CANDIDATES,
     import tensorflow as tf
 
     report = {"traces": [os.path.basename(p) for p in paths], "features": list(features), "candidates": [],
-              "selection": f"lowest validation loss; for NARX the cheapest candidate within {SELECTION_SLACK:.0%} of it "
-                           "(it runs at every training step)"}
+              "selection": "lowest validation loss; for NARX the cheapest candidate within "
+                           f"{SELECTION_SLACK:.0%} of it (it runs at every training step)"}
     trained = {"narx": [], "arx": []}
     cache = {}
     for kind, candidates in (("narx", narx_candidates), ("arx", arx_candidates)):

@@ -56,7 +56,8 @@ def test_images_install_through_bootstrap_and_pinned_requirements(dockerfile):
 def test_gpu_image_matches_tensorflows_cuda_build():
     tf_version = pins("runtime.txt")["tensorflow-cpu"]
     cuda, cudnn = TF_GPU_BUILD[tf_version]
-    base = re.search(r"^ARG BASE_IMAGE=nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d+)-devel", read("docker/Dockerfile.gpu"), re.M)
+    base = re.search(r"^ARG BASE_IMAGE=nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d+)-devel", read("docker/Dockerfile.gpu"),
+                     re.M)
     assert base and base.groups() == (cuda, cudnn)
     assert "--gpu" in read("docker/Dockerfile.gpu")
     bootstrap = read("scripts/bootstrap.sh")
