@@ -283,7 +283,7 @@ class LBBSPPolicy(Policy):
         self._errors, self._spread = np.zeros((3, bounds.num_workers)), np.zeros((2, bounds.num_workers))
         self._previous = np.full((6, bounds.num_workers), np.nan)
         # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail), the splits proposed.
-        self._scores, self._chosen, self._proposals = np.zeros(3), 1, {}
+        self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 1, {}, None
         return super().start(global_batch, bounds)
 
     def seen(self, batches):
@@ -399,7 +399,7 @@ class LBBSPPolicy(Policy):
         rental), and by the saving over the horizon (at most as long as the slowest worker's speed is expected to
         hold). Savings are at the planned (`mean`) speeds: the tails say where to split, not what a move saves. A
         move whose set-up costs more than a step is split and valued at the speed levels, which a stray step does
-        not move."""
+        not move, and until it is bought, a split already set up is taken where it pays (`_free`)."""
         target = self._anchored(target)
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
@@ -420,7 +420,10 @@ class LBBSPPolicy(Policy):
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = min(self.horizon or stats.horizon or np.inf,
                       self.model.persistence[int(np.argmax(times))] * stats.elapsed)
-        return target if self._regret >= setup and saving * horizon >= setup else None
+        if self._regret >= setup and saving * horizon >= setup:
+            self._bought = target
+            return target
+        return self._free(mean, times.max()) if lasting else None
 
     def _anchored(self, target):
         """`target`, or the equal split where `target` beats it at the planning curves by no more than noise would:
@@ -434,6 +437,15 @@ class LBBSPPolicy(Policy):
         before, after = step_times(equal, *self._curves).max(), step_times(target, *self._curves).max()
         return equal if before - after <= spread * before else target
 
+    def _free(self, curves, now):
+        """The equal split or the last split bought, whichever saves more at `curves`, where every worker has its
+        shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
+        total = int(self.batches.sum())
+        free = [s for s in (self._equal(total), self._bought)
+                if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]
+        savings = [self._saving(s, curves)[1] for s in free]
+        return free[int(np.argmax(savings))] if free and max(savings) > self.min_gain * now else None
+
     def setup_cost(self, target):
         """Seconds the batch shapes of `target` that some worker has not run cost to set up (in parallel)."""
         return self.model.setup_cost() if self.model.new_shapes(target).any() else 0.0
@@ -446,18 +458,18 @@ class LBBSPPolicy(Policy):
     def state(self):
         return dict(super().state(), model=self.model.state(), choice=(self._scores.copy(), self._chosen),
                     proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
-                    proposal=self._proposal)
+                    proposal=self._proposal, bought=self._bought)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
         (self._scores, self._chosen), self._regret = state["choice"], state["regret"]
-        self._proposals, self._proposal = dict(state["proposals"]), state["proposal"]
+        self._proposals, self._proposal, self._bought = dict(state["proposals"]), state["proposal"], state["bought"]
 
     def rejoin(self, state, index, global_batch):
         super().rejoin(dict(state, model=remap(state["model"], index, StepTimeModel.PER_WORKER)), index,
                        global_batch)
-        self._proposals, self._proposal, self._regret = {}, None, 0.0  # the old workers' splits
+        self._proposals, self._proposal, self._regret, self._bought = {}, None, 0.0, None  # the old workers' splits
         if np.isfinite(self.model.speeds).any():  # the split from the workers' curves, a newcomer's the mean
             self.batches = split(int(global_batch), self.bounds, *self.curves(np.full(self.num_workers, np.nan)))
 

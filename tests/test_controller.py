@@ -260,6 +260,38 @@ def test_a_cold_gpu_clusters_one_move_counts_a_prior_fixed_cost(offset, bought):
     assert shapes == 4 and splits[-1].tolist() == bought, (shapes, splits[-1])
 
 
+def test_set_up_splits_are_moved_to_for_free_when_the_best_split_does_not_pay():
+    # Four GPUs, a new shape costs 3 s. Workers 2 and 3 run at a quarter speed for 150 steps: the split that relieves
+    # them is bought. Then they recover and worker 0 runs 10% slow: the bought split loads the slowest worker most,
+    # and the best split (new shapes, about 2 ms a step saved) does not pay; the equal split, set up from the
+    # start, does, at no cost. From step 200 workers 2 and 3 are slow again, a little less than before: back to the
+    # split bought for them, set up too, rather than paying for the best one; also after a resume.
+    rng = np.random.default_rng(3)
+    known = [{128} for _ in range(4)]
+
+    def times(t, batches):
+        slow = 1250.0 if t < 150 else 1400.0
+        speed = np.array([5000.0 / 1.1] + [5000.0] * 3) if 150 <= t < 200 else np.array([5000.0, 5000.0, slow, slow])
+        return _set_up(known, batches, (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4)))
+
+    def loop():
+        return Loop(BalanceController(LBBSPPolicy(), warmup_steps=0), 4, [512] * 500, multiple=8, gpu=True)
+
+    first, splits, resumed = loop(), [], None
+    for t in range(260):
+        if t == 180:  # a resume from a checkpoint at step 180, in the equal split, continues identically
+            resumed = loop()
+            resumed.c.load_state(first.c.state())
+            resumed.plans, resumed.t = dict(first.plans), first.t
+        rows = []
+        splits.append(first.step(lambda sizes: rows.append(gathered([np.nan] * 4, times(t, sizes))) or rows[0]))
+        assert resumed is None or resumed.step(lambda sizes: rows[0]).tolist() == splits[-1].tolist(), t
+    bought = splits[149].tolist()
+    assert bought[0] > 2 * bought[2], bought
+    assert splits[199].tolist() == [128] * 4 and splits[-1].tolist() == bought, (splits[199], splits[-1])
+    assert all(len(set(column[150:]) - set(column[:150])) == 0 for column in np.array(splits).T)
+
+
 def test_homogeneous_floor_bound_gpus_keep_the_equal_split_and_set_up_nothing():
     # Eight GPUs at 32 samples each, on a 15 ms floor that scatters by +-10% from step to step.
     rng = np.random.default_rng(1)
