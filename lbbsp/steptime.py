@@ -66,8 +66,8 @@ class StepTimeParams:
             if optional and value is None:
                 continue
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            above = value > low if low_open else value >= low
-            if not (ok and above and (value < high if high_open else value <= high)):
+            ok = ok and (value > low if low_open else value >= low)  # compared only once it is a number
+            if not (ok and (value < high if high_open else value <= high)):
                 raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {'(' if low_open else '['}"
                                  f"{low}, {high}{')' if high_open else ']'}{', or None' if optional else ''}")
 

@@ -278,7 +278,7 @@ def test_state_round_trip_and_remap_by_name():
 @pytest.mark.parametrize("params, message", [
     ({"forgetting": 1.0}, "forgetting=1.0"), ({"min_spread": 0}, "min_spread=0"), ({"change": -1}, "change=-1"),
     ({"offset": -3}, "offset=-3"), ({"max_error": float("nan")}, "max_error=nan"), ({"forgetting": True}, "True"),
-    ({"shape_cost": -1.0}, "shape_cost=-1.0"), ({"speed": 3}, "model=.*fields"),
+    ({"shape_cost": -1.0}, "shape_cost=-1.0"), ({"speed": 3}, "model=.*fields"), ({"change": "x"}, "change='x'"),
     ({"mean_rate": 0.0}, r"mean_rate=0.0 is not allowed: it must be a number in \(0.0, 1.0\], or None"),
 ])
 def test_bad_parameters_name_the_value(params, message):
