@@ -46,6 +46,33 @@ class _NoSetupCost(LBBSPPolicy):
         return 0.0
 
 
+class _NoFreeSplits(LBBSPPolicy):
+    """No free move to the equal split or the last split bought while a move that needs new shapes waits."""
+
+    def _free(self, curves, now):
+        return None
+
+
+class _NoLevels(LBBSPPolicy):
+    """Moves whose set-up costs more than a step split and valued at the planned speeds, not the speed levels."""
+
+    def _move(self, target, mean, stats):
+        levels = self.model.levels
+        self.model.levels = np.full_like(levels, np.nan)  # where no level is known, the planned speed stands in
+        try:
+            return super()._move(target, mean, stats)
+        finally:
+            self.model.levels = levels
+
+
+class _TimelessModel(StepTimeModel):
+    """Every worker's speed level expected to hold for ever: the horizon is the epoch's rest alone."""
+
+    @property
+    def persistence(self):
+        return np.full(self.num_workers, np.inf)
+
+
 class _UnpooledModel(StepTimeModel):
     POOL_FROM = np.inf
 
@@ -71,6 +98,11 @@ ABLATIONS = {
     "abl-spread50": ("the tail spread's 200-step memory and its debiasing (50 steps from zero)", _Spread50, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
     "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
+    "abl-nofree": ("the free move to a split already set up while a new shape waits", _NoFreeSplits, "narx"),
+    "abl-nolevels": ("speed levels for moves whose set-up costs more than a step", _NoLevels, "narx"),
+    "abl-nopersist": ("the horizon cut to the slowest worker's persistence", _with_model(_TimelessModel), "narx"),
+    "abl-nomean": ("the running mean speed as a candidate on GPU workers (mean_rate = 1)",
+                   lambda: LBBSPPolicy(model={"mean_rate": 1.0}), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),
     "abl-nochange": ("speed-change detection (every test against noise: change, floor, costly first visit)",
