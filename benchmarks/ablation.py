@@ -53,24 +53,31 @@ class _NoFreeSplits(LBBSPPolicy):
         return None
 
 
-class _NoLevels(LBBSPPolicy):
-    """Moves whose set-up costs more than a step split and valued at the planned speeds, not the speed levels."""
+class _NoLastingSpeeds(LBBSPPolicy):
+    """Moves whose set-up costs more than a step split and valued at the planned speeds over the whole horizon: no
+    lasting speeds, so no pattern whose persistence cuts the horizon."""
 
     def _move(self, target, mean, stats):
-        levels = self.model.levels
-        self.model.levels = np.full_like(levels, np.nan)  # where no level is known, the planned speed stands in
+        windows = self._windows
+        self._windows = np.full_like(windows, np.nan)  # where no lasting speed is known, the planned one stands in
         try:
             return super()._move(target, mean, stats)
         finally:
-            self.model.levels = levels
+            self._windows = windows
 
 
-class _TimelessModel(StepTimeModel):
-    """Every worker's speed level expected to hold for ever: the horizon is the epoch's rest alone."""
+class _NoiselessValue(LBBSPPolicy):
+    """A lasting move valued in the slowest worker's time at the curves, without the workers' noise."""
 
-    @property
-    def persistence(self):
-        return np.full(self.num_workers, np.inf)
+    def _saving(self, split_, curves, noisy=False):
+        return super()._saving(split_, curves)
+
+
+class _Undecayed(LBBSPPolicy):
+    """A lasting move's saving counted over the whole horizon, whether the workers' pattern of speeds lasts or not."""
+
+    def _lasting_steps(self, horizon):
+        return horizon
 
 
 class _UnpooledModel(StepTimeModel):
@@ -99,8 +106,11 @@ ABLATIONS = {
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),
     "abl-unpooled": ("pooling of the fixed costs across workers", _with_model(_UnpooledModel), "narx"),
     "abl-nofree": ("the free move to a split already set up while a new shape waits", _NoFreeSplits, "narx"),
-    "abl-nolevels": ("speed levels for moves whose set-up costs more than a step", _NoLevels, "narx"),
-    "abl-nopersist": ("the horizon cut to the slowest worker's persistence", _with_model(_TimelessModel), "narx"),
+    "abl-nolasting": ("lasting speeds (window means) for moves whose set-up costs more than a step", _NoLastingSpeeds,
+                      "narx"),
+    "abl-nodecay": ("the horizon cut to how long the workers' pattern of speeds lasts", _Undecayed, "narx"),
+    "abl-nonoise": ("a lasting move valued in the expected slowest time under the workers' noise", _NoiselessValue,
+                    "narx"),
     "abl-nomean": ("the running mean speed as a candidate on GPU workers (mean_rate = 1)",
                    lambda: LBBSPPolicy(model={"mean_rate": 1.0}), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),

@@ -15,8 +15,9 @@ change threshold, the workers whose speed the step-time model saw jump, the
 workers whose forecasts or (on GPUs) running mean speeds it planned with
 (where they have lately beaten their last measured speeds), learned floors,
 and the forgone saving that a move to new batch shapes must pay for, with
-the workers' speed levels (what three consecutive steps agreed on) that
-such a move is valued at where a set-up costs more than a step. A recovery
+the workers' lasting speeds (their mean over the last full window of
+steps) that such a move is valued at where a set-up costs more than a
+step. A recovery
 slower than it should be can then be traced to its cause without running
 the cluster again.
 """
@@ -99,7 +100,8 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
                           threshold=model.threshold.tolist(), jumped=np.flatnonzero(model.changed).tolist(),
                           forecast_used=np.flatnonzero(policy.planned_with == 1).tolist(),
                           mean_used=np.flatnonzero(policy.planned_with == 2).tolist(),
-                          regret=policy._regret, setup=model.setup_cost(), level=model.levels.tolist())
+                          regret=policy._regret, setup=model.setup_cost(),
+                          lasting=np.exp(policy._windows[1]).tolist())
         records.append(record)
     return records, matched, checked
 
@@ -115,8 +117,8 @@ def _line(r):
         text += f" floor {np.round(1e3 * np.array(r['floor']), 1).tolist()} ms" if any(r["floor"]) else ""
         text += f" forecasts of {r['forecast_used']}" if r["forecast_used"] else ""
         text += f" running means of {r['mean_used']}" if r["mean_used"] else ""
-        text += (f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s) levels {np.round(r['level']).tolist()}"
-                 if r["regret"] else "")
+        text += (f" regret {r['regret']:.2f} s (set-up {r['setup']:.2f} s) lasting speeds "
+                 f"{np.round(r['lasting']).tolist()}" if r["regret"] else "")
     return text
 
 

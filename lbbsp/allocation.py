@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Bounds", "split", "step_times", "default_multiple", "sanitize"]
+__all__ = ["Bounds", "split", "step_times", "expected_slowest", "default_multiple", "sanitize"]
 
 
 def _as_int(name, value, minimum):
@@ -108,6 +108,13 @@ def sanitize(values, fallback, positive=True):
 def step_times(batches, speeds, offsets, floors):
     """t_i(b_i) = max(f_i, (k_i + b_i) / v_i) for every worker."""
     return np.maximum(floors, (offsets + np.asarray(batches, dtype=np.float64)) / speeds)
+
+
+def expected_slowest(times, spreads, draws):
+    """E[max_i t_i exp(s_i z_i)]: the slowest worker's expected time where worker i's time scatters lognormally by
+    s_i about t_i, estimated on `draws` (rows of fixed standard normal draws, one column per worker, so that every
+    rank estimates the same). Balancing brings more workers near the slowest, and the noise of each then counts."""
+    return float(np.mean(np.max(times * np.exp(spreads * draws), axis=1)))
 
 
 def _balance_time(total, lower, upper, k, v):

@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from .allocation import Bounds, sanitize, split, step_times
+from .allocation import Bounds, expected_slowest, sanitize, split, step_times
 from .membership import remap
 from .steptime import StepTimeModel
 
@@ -251,13 +251,14 @@ class LBBSPPolicy(Policy):
     speed: StepTimeParams.mean_rate), whichever has lately been closest; of the split balancing those speeds,
     the one balancing their tails and the equal split, the one lately fastest in hindsight is the target, where
     it beats equal batches by more than the planned speeds' noise; it is taken when it saves more than `min_gain`
-    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest).
+    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest),
+    judged at the workers' lasting speeds (`WINDOW`).
     `model`: StepTimeParams or a dict of its fields.
     """
 
     name = "lbbsp"
     uses_forecast = True
-    PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan}
+    PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan, "_windows": "mean"}
     #: Weight of the newest step in the running |log error| that picks forecast, last or mean speed for each worker.
     SCORE_RATE = 0.1
     #: Weight of the newest step in a worker's running squared planning error (the tail's spread): which workers
@@ -269,6 +270,11 @@ class LBBSPPolicy(Policy):
     #: Weight of the newest step in each candidate split's running log step time (against the balanced split's), and
     #: the margin by which another must beat the one in use to replace it (a switch moves the split: not worth a hair).
     CHOICE_RATE, MARGIN = 0.05, 0.01
+    #: Steps per window of the lasting speeds (each worker's mean log speed over a window): longer than a run of stray
+    #: steps, so that a move whose set-up costs more than a step is valued at speeds that last.
+    WINDOW = 50
+    #: Fixed normal draws per worker on which a lasting move's expected slowest time is estimated.
+    DRAWS = 256
 
     def __init__(self, min_gain=0.02, horizon=None, model=None):
         self.min_gain = float(_positive("min_gain", min_gain, high=1.0))
@@ -284,6 +290,10 @@ class LBBSPPolicy(Policy):
         self._previous = np.full((6, bounds.num_workers), np.nan)
         # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail), the splits proposed.
         self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 1, {}, None
+        # Per worker: the current window's sum of log speeds, the mean of the last full window and of the one before.
+        self._windows = np.vstack([np.zeros(bounds.num_workers), np.full((2, bounds.num_workers), np.nan)])
+        self._window_steps = 0
+        self._draws = np.random.default_rng(0).standard_normal((self.DRAWS, bounds.num_workers))
         return super().start(global_batch, bounds)
 
     def seen(self, batches):
@@ -376,6 +386,7 @@ class LBBSPPolicy(Policy):
 
     def after_step(self, stats, next_global_batch):
         self.model.update(stats.batches, stats.compute)
+        self._window(stats.elapsed)
         mean = self.curves(stats.forecast, stats.batches, stats.compute)
         target, self._curves = self._choose(stats, mean)
         target = self._move(target, mean, stats)
@@ -383,31 +394,43 @@ class LBBSPPolicy(Policy):
             self.batches, self._regret, self._proposal = target, 0.0, None
         return self.resize(next_global_batch)
 
-    def _saving(self, split_, curves):
+    def _saving(self, split_, curves, noisy=False):
         """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
         it can move: one at its lower bound in both splits takes as long whatever the split, and balancing the
-        others keeps them clear of it as their speeds drift."""
+        others keeps them clear of it as their speeds drift. `noisy`: the saving in the expected slowest time, each
+        worker's time scattering by its step-to-step spread (`expected_slowest`)."""
         times, after = step_times(self.batches, *curves), step_times(split_, *curves)
         lower, _, q = self.bounds.grid(int(self.batches.sum()))
         free = (self.batches > lower * q) | (split_ > lower * q)
-        return times, (times[free].max() - after[free].max()) if free.any() else 0.0
+        if not free.any():
+            return times, 0.0
+        if noisy:
+            spreads, draws = np.sqrt(self.model.spread2[free]), self._draws[:, free]
+            return times, expected_slowest(times[free], spreads, draws) - expected_slowest(after[free], spreads, draws)
+        return times, times[free].max() - after[free].max()
 
     def _move(self, target, mean, stats):
         """The split to take now, or None: `target` (equal batches where it beats them only by noise: `_anchored`)
         where it saves more than min_gain of the step and needs no new batch shape. One that does is taken once its
         set-up (done in parallel) is paid twice: by the saving forgone while the move stayed worth making (ski
-        rental), and by the saving over the horizon (at most as long as the slowest worker's speed is expected to
-        hold). Savings are at the planned (`mean`) speeds: the tails say where to split, not what a move saves. A
-        move whose set-up costs more than a step is split and valued at the speed levels, which a stray step does
-        not move, and until it is bought, a split already set up is taken where it pays (`_free`)."""
+        rental), and by the saving over the horizon. Savings are at the planned (`mean`) speeds: the tails say where
+        to split, not what a move saves. A move whose set-up costs more than a step is split at the lasting speeds
+        and valued there in the expected slowest time under each worker's noise, over as much of the horizon as
+        the speeds' pattern lasts (`_lasting_steps`); until it is bought, and where it needs no new shape, a split
+        already set up is taken where it pays at the planned speeds (`_free`)."""
         target = self._anchored(target)
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
-        if lasting:  # from here on, value at the levels
-            mean = (sanitize(np.where(np.isfinite(self.model.levels), self.model.levels, mean[0]), 1.0), *mean[1:])
+        planned, now = mean, times.max()
+        if lasting:  # from here on, split and value at the lasting speeds
+            speeds = np.exp(self._lasting_logs())
+            mean = (sanitize(np.where(np.isfinite(speeds), speeds, mean[0]), 1.0), *mean[1:])
             target = split(int(self.batches.sum()), self.bounds, *mean)
-            times, saving = self._saving(target, mean)
+            if not self.model.new_shapes(target).any():  # nothing to buy: the splits set up, at the planned speeds
+                self._regret, self._proposal = 0.0, None
+                return self._free(planned, now, target)
+            times, saving = self._saving(target, mean, noisy=True)
             setup = self.setup_cost(target)
         if not saving > self.min_gain * times.max() or setup == 0:
             self._regret, self._proposal = 0.0, None
@@ -416,14 +439,48 @@ class LBBSPPolicy(Policy):
             times, saving = self._saving(target, mean)
         # Still worth making while the previous proposal would save more than min_gain (noise moves the best
         # split, not the worth of moving).
-        same = self._proposal is not None and self._saving(self._proposal, mean)[1] > self.min_gain * times.max()
+        same = self._proposal is not None and \
+            self._saving(self._proposal, mean, noisy=lasting)[1] > self.min_gain * times.max()
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
-        horizon = min(self.horizon or stats.horizon or np.inf,
-                      self.model.persistence[int(np.argmax(times))] * stats.elapsed)
+        horizon = self.horizon or stats.horizon or np.inf
+        horizon = self._lasting_steps(horizon) if lasting else horizon
         if self._regret >= setup and saving * horizon >= setup:
             self._bought = target
             return target
-        return self._free(mean, times.max()) if lasting else None
+        return self._free(planned, now) if lasting else None
+
+    def _window(self, elapsed):
+        """Add the latest speeds (standing for `elapsed` steps) to the current window; a full one becomes the last."""
+        logs = np.log(self.model.speeds)
+        if elapsed < 1 or not np.isfinite(logs).all():
+            return
+        self._windows[0] += elapsed * logs
+        self._window_steps += elapsed
+        if self._window_steps >= self.WINDOW:
+            self._windows = np.vstack([np.zeros_like(logs), self._windows[0] / self._window_steps, self._windows[1]])
+            self._window_steps = 0
+
+    def _lasting_logs(self):
+        """Each worker's lasting log speed: the mean of the last full window, until then of the steps so far."""
+        if np.isfinite(self._windows[1]).all() or self._window_steps == 0:
+            return self._windows[1]
+        return self._windows[0] / self._window_steps
+
+    def _lasting_steps(self, horizon):
+        """Steps of a lasting move's saving within `horizon`: the workers' pattern of lasting speeds (log, centred)
+        carries over from one window to the next with correlation rho, so a saving decays as rho^(steps / WINDOW).
+        Among workers that differ for good (generations of GPUs) rho is about 1; among co-tenants that come and go,
+        far less. Until two full windows, the whole horizon (as a speed is taken to hold until it changes)."""
+        if not np.isfinite(self._windows[2]).all():
+            return horizon
+        last, before = self._windows[1:] - np.mean(self._windows[1:], axis=1, keepdims=True)
+        norm = float(np.sqrt((last @ last) * (before @ before)))
+        rho = float(last @ before) / norm if norm > 0 else 0.0  # identical speeds: no pattern to last
+        if not rho > 0:
+            return 0.0
+        if rho >= 1.0:
+            return horizon
+        return min(horizon, self.WINDOW * (1.0 - rho ** (horizon / self.WINDOW)) / -np.log(rho))
 
     def _anchored(self, target):
         """`target`, or the equal split where `target` beats it at the planning curves by no more than noise would:
@@ -437,11 +494,11 @@ class LBBSPPolicy(Policy):
         before, after = step_times(equal, *self._curves).max(), step_times(target, *self._curves).max()
         return equal if before - after <= spread * before else target
 
-    def _free(self, curves, now):
-        """The equal split or the last split bought, whichever saves more at `curves`, where every worker has its
-        shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
+    def _free(self, curves, now, also=None):
+        """The equal split, the last split bought or `also`, whichever saves more at `curves`, where every worker has
+        its shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
         total = int(self.batches.sum())
-        free = [s for s in (self._equal(total), self._bought)
+        free = [s for s in (self._equal(total), self._bought, also)
                 if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]
         savings = [self._saving(s, curves)[1] for s in free]
         return free[int(np.argmax(savings))] if free and max(savings) > self.min_gain * now else None
@@ -458,13 +515,14 @@ class LBBSPPolicy(Policy):
     def state(self):
         return dict(super().state(), model=self.model.state(), choice=(self._scores.copy(), self._chosen),
                     proposals={step: s.copy() for step, s in self._proposals.items()}, regret=self._regret,
-                    proposal=self._proposal, bought=self._bought)
+                    proposal=self._proposal, bought=self._bought, window_steps=self._window_steps)
 
     def load_state(self, state):
         super().load_state(state)
         self.model.load_state(state["model"])
         (self._scores, self._chosen), self._regret = state["choice"], state["regret"]
         self._proposals, self._proposal, self._bought = dict(state["proposals"]), state["proposal"], state["bought"]
+        self._window_steps = state["window_steps"]
 
     def rejoin(self, state, index, global_batch):
         super().rejoin(dict(state, model=remap(state["model"], index, StepTimeModel.PER_WORKER)), index,

@@ -41,13 +41,11 @@ class StepTimeParams:
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
     offset: float = None  # k in samples until it is fitted (None: 0 on CPU workers, where splits are then
     # proportional to measured samples/s, and GPU_OFFSET_SHARE of the equal batch on GPU workers)
-    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change; a
-    # speed level that moves by more than this is a change of level
+    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change
     sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
     noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
     shape_cost: float = None  # seconds a new batch shape costs until one is measured (None: 0 on CPU workers,
     # GPU_SHAPE_COST on GPU workers)
-    change_memory: float = 100.0  # steps over which a worker's rate of speed changes is averaged
     mean_rate: float = None  # weight of the newest step in a worker's running mean speed, which the policy may plan
     # with (None: 1 on CPU workers, where the mean is then the last speed, and GPU_MEAN_RATE on GPU workers)
 
@@ -56,8 +54,7 @@ class StepTimeParams:
               "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
               "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
               "sigmas": (0.0, math.inf, False, True), "noise_rate": (0.0, 1.0, True, False),
-              "shape_cost": (0.0, math.inf, False, True), "change_memory": (1.0, math.inf, False, True),
-              "mean_rate": (0.0, 1.0, True, False)}
+              "shape_cost": (0.0, math.inf, False, True), "mean_rate": (0.0, 1.0, True, False)}
     OPTIONAL = ("shape_cost", "mean_rate", "offset")
 
     def __post_init__(self):
@@ -89,14 +86,10 @@ class StepTimeModel:
     #: the others' estimates) or a value (no observations of its own).
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
-                  "change_rate": 0.0, "measured": math.nan, "levels": math.nan, "held": 0, "means": "mean",
-                  "above": False}
+                  "measured": math.nan, "means": "mean", "above": False}
 
     #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
     POOL_FROM = 3
-    #: Consecutive steps that must agree on a speed before it is the worker's level (docs/gpu.md: with two,
-    #: among hundreds of GPUs some GPU's level is a run of stray slow steps).
-    LEVEL_STEPS = 3
 
     def __init__(self, params=None):
         self.params = StepTimeParams.of(params)
@@ -128,10 +121,7 @@ class StepTimeModel:
         self.changed = np.zeros(n, dtype=bool)
         self.setup = np.zeros((2, n))  # set-up costs measured, and their sum in seconds
         self.shapes = [frozenset()] * n  # the batch sizes each worker has run
-        self.change_rate = np.zeros(n)  # speed changes per step (a running mean)
         self.measured = np.full(n, np.nan)  # the batch-free speed of the last step, where it is one
-        self.levels = np.full(n, np.nan)  # the speed LEVEL_STEPS consecutive steps last agreed on
-        self.held = np.zeros(n, dtype=np.int64)  # steady steps in a row, counted up to LEVEL_STEPS
         self.means = np.full(n, np.nan)  # the running mean of the measured speeds (mean_rate)
 
     def state(self):
@@ -164,11 +154,6 @@ class StepTimeModel:
         """Predicted compute seconds of each worker at `batches` (with `speeds`, default the tracked ones)."""
         v = self.speeds if speeds is None else np.asarray(speeds, dtype=np.float64)
         return step_times(batches, v, self.offsets, self.floors)
-
-    @property
-    def persistence(self):
-        """Steps each worker's speed level is expected to hold (inf for one that has not changed)."""
-        return np.divide(1.0, self.change_rate, out=np.full(self.num_workers, np.inf), where=self.change_rate > 0)
 
     def setup_cost(self):
         """Seconds a new batch shape is expected to cost a worker: the median of the workers' mean measured costs
@@ -244,13 +229,6 @@ class StepTimeModel:
         self.speeds = np.where(above, self.measured, self.speeds)
         mean = (1.0 - self.mean_rate) * self.means + self.mean_rate * self.measured  # at a rate of 1, the last speed
         self.means = np.where(above, np.where(np.isfinite(mean), mean, self.measured), self.means)
-        # A level: a speed LEVEL_STEPS consecutive steady steps agree on. A level that moves by more than `change`
-        # is a change of speed whatever the noise; a run of stray steps that the next one undoes is not.
-        self.held = np.where(steady, np.minimum(self.held + 1, self.LEVEL_STEPS), np.where(ok, 0, self.held))
-        settled = steady & (self.held >= self.LEVEL_STEPS - 1)
-        moved = settled & (np.abs(np.log(self.measured / self.levels)) > p.change)
-        self.levels = np.where(settled, self.measured, self.levels)
-        self.change_rate += np.where(ok, (moved - self.change_rate) / p.change_memory, 0.0)
 
     def _fit(self):
         p = self.params

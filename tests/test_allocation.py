@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbsp.allocation import Bounds, default_multiple, sanitize, split, step_times
+from lbbsp.allocation import Bounds, default_multiple, expected_slowest, sanitize, split, step_times
 
 speed = st.floats(min_value=1e-3, max_value=1e4, allow_nan=False)
 offset = st.floats(min_value=0.0, max_value=200.0, allow_nan=False)
@@ -101,6 +101,21 @@ def test_closed_form_with_fixed_costs_and_proportional_without():
 def test_clipped_samples_go_to_the_others():
     b = split(30, Bounds.of(3, 30, 2, [4, 100, 100]), np.array([10.0, 1.0, 1.0]), np.zeros(3), np.zeros(3))
     assert b.tolist() == [4, 13, 13]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.001, 1.0), min_size=1, max_size=8), st.floats(0.01, 0.3))
+def test_expected_slowest_is_the_slowest_without_noise_and_grows_as_workers_crowd_it(times, spread):
+    times = np.array(times)
+    draws = np.random.default_rng(0).standard_normal((4000, times.size))
+    assert expected_slowest(times, np.zeros(times.size), draws) == pytest.approx(times.max(), rel=1e-12)
+    # One worker: the lognormal's mean, t exp(s^2 / 2), within the draws' error.
+    one = expected_slowest(times[:1], np.array([spread]), draws[:, :1])
+    assert one == pytest.approx(times[0] * np.exp(spread ** 2 / 2), rel=4 * spread / np.sqrt(4000) + 1e-9)
+    # The same slowest mean time, every worker brought up to it: the expected slowest can only grow.
+    crowded = np.full(times.size, times.max())
+    spreads = np.full(times.size, spread)
+    assert expected_slowest(crowded, spreads, draws) >= expected_slowest(times, spreads, draws)
 
 
 def test_sanitize_takes_the_median_of_the_good_values_or_the_fallback():

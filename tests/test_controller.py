@@ -242,6 +242,49 @@ def test_stray_slow_steps_neither_hold_off_nor_skew_a_lasting_move():
     assert shapes == 4 and slowest < 1.15 * (25.0 + 224) / 5000.0, (shapes, splits[-1])  # best: [224, 224, 32, 32]
 
 
+def test_a_lasting_moves_horizon_is_as_long_as_the_workers_pattern_of_speeds_lasts():
+    # Four GPUs, windows of lasting speeds: two generations (4:1) keep their pattern, so a saving lasts the whole
+    # horizon; a co-tenant that moves to another GPU every window leaves none; a pattern partly kept decays. Before
+    # two windows nothing says how long a pattern lasts, and a saving is taken to last (as a speed until it changes).
+    def horizon(speeds_in_window, windows=3):
+        policy = LBBSPPolicy()
+        policy.start(512, Bounds.of(4, 512, multiple=8))
+        for window in range(windows):
+            for _ in range(LBBSPPolicy.WINDOW):
+                policy.model.speeds = np.asarray(speeds_in_window(window), dtype=np.float64)
+                policy._window(1)
+        return policy._lasting_steps(500)
+
+    assert horizon(lambda w: np.where(np.arange(4) == w % 4, 2500, 5000), windows=1) == 500.0
+    # Until the first window is full, the lasting speeds are the mean log speeds of the steps so far.
+    policy = LBBSPPolicy()
+    policy.start(512, Bounds.of(4, 512, multiple=8))
+    for speeds in ([1000.0, 2000.0, 4000.0, 4000.0], [4000.0, 2000.0, 1000.0, 4000.0]):
+        policy.model.speeds = np.array(speeds)
+        policy._window(1)
+    assert np.exp(policy._lasting_logs()) == pytest.approx([2000.0, 2000.0, 2000.0, 4000.0])
+    assert horizon(lambda w: [5000, 5000, 1250, 1250]) == pytest.approx(500.0)
+    assert horizon(lambda w: np.where(np.arange(4) == w % 4, 2500, 5000)) == 0.0
+    # One GPU slow at a quarter, then two at half: the pattern carries over with rho = 0.58, a saving lasts about
+    # WINDOW / ln(1 / rho) = 91 steps.
+    kept = horizon(lambda w: [1250, 5000, 5000, 5000] if w == 1 else [2500, 2500, 5000, 5000])
+    assert kept == pytest.approx(LBBSPPolicy.WINDOW / np.log(1.0 / np.sqrt(1.0 / 3.0)), rel=0.01)
+
+
+def test_a_co_tenant_that_moves_from_gpu_to_gpu_sets_up_no_shape():
+    # Four GPUs, a co-tenant halves one GPU's speed and moves to the next GPU every 60 steps; a new shape costs 3 s.
+    # Each stay would pay for a move, but the slow GPU of one window is not the next one's: no move is bought.
+    rng = np.random.default_rng(5)
+    known = [{128} for _ in range(4)]
+
+    def times(t, batches):
+        speed = np.where(np.arange(4) == (t // 60) % 4, 2500.0, 5000.0)
+        return _set_up(known, batches, (25.0 + batches) / speed * np.exp(rng.normal(0, 0.003, 4)))
+
+    splits, shapes = _run(LBBSPPolicy(), times, 480, total=512, n=4, gpu=True)
+    assert shapes == 0 and all(s.tolist() == [128] * 4 for s in splits), splits[-1]
+
+
 @pytest.mark.parametrize("offset, bought", [(None, [224, 224, 32, 32]), (0.0, [208, 208, 48, 48])])
 def test_a_cold_gpu_clusters_one_move_counts_a_prior_fixed_cost(offset, bought):
     # Four GPUs of two generations (4:1), 25 samples of fixed cost, a new shape costs 3 s. The move is bought

@@ -1,7 +1,6 @@
-"""The online step-time model t_i(b) = max(f_i, (k_i + b) / v_i): fixed costs, levels, changes, floors and the
+"""The online step-time model t_i(b) = max(f_i, (k_i + b) / v_i): fixed costs, changes, floors and the
 set-up of new batch shapes, each learned from the gathered (batch, time) pairs."""
 import dataclasses
-import math
 
 import numpy as np
 import pytest
@@ -173,33 +172,6 @@ def test_the_set_up_prior_depends_on_the_device_until_measured():
     assert m.setup_cost() == 0.5
 
 
-def test_a_workers_rate_of_changes_says_how_long_its_speed_holds():
-    # Worker 1 changes its speed every 5 steps; worker 2 runs a lone stray step at half speed every 4 steps,
-    # which the next step undoes: no change of its level.
-    m = model(3)
-    assert np.isinf(m.persistence).all()
-    for step in range(40):
-        feed(m, [[64, 64, 64]], np.array([1000.0, 1000.0 if step % 10 < 5 else 250.0, 500.0 if step % 4 == 1 else
-                                          1000.0]), np.zeros(3))
-    assert np.isinf(m.persistence[0]) and 10 < m.persistence[1] < 200 and np.isinf(m.persistence[2])
-    assert m.levels.tolist() == [1000.0, 250.0, 1000.0]
-
-
-def test_a_run_of_two_stray_steps_is_not_a_level():
-    # Among hundreds of GPUs some GPU runs two stray slow steps in a row at nearly every step: worker 1 does every
-    # 6 steps, worker 2's speed halves for good at step 20 (a co-tenant).
-    m = model(3)
-    levels = []
-    for step in range(40):
-        feed(m, [[64, 64, 64]], np.array([1000.0, 500.0 if step % 6 in (1, 2) else 1000.0,
-                                          500.0 if step >= 20 else 1000.0]), np.zeros(3))
-        levels.append(m.levels.copy())
-    assert all(level[1] == 1000.0 for level in levels[5:]) and np.isinf(m.persistence[1])
-    assert levels[21][2] == 1000.0 and levels[22][2] == 500.0 and np.isfinite(m.persistence[2])
-    # The count of steady steps in a row stops at the steps a level needs (worker 0 was steady throughout).
-    assert m.held.tolist()[0] == StepTimeModel.LEVEL_STEPS and m.held.max() <= StepTimeModel.LEVEL_STEPS
-
-
 def test_fixed_cost_is_not_confounded_by_a_drift_the_batch_follows():
     # Under a balancer the batch follows the speed: a regression of t on b over a drift mistakes the drift for
     # a fixed cost. Consecutive-step differences with the batch change as instrument are not misled.
@@ -290,4 +262,3 @@ def test_parameters_are_one_named_value_object():
     params = StepTimeParams()
     assert dataclasses.replace(params, change=0.5).change == 0.5 and params.change == 0.25
     assert StepTimeParams.of({"change": 0.5}).change == 0.5 and StepTimeParams.of(None) == params
-    assert math.isinf(StepTimeModel().persistence[0])
