@@ -472,7 +472,7 @@ class LBBSPPolicy(Policy):
         Among workers that differ for good (generations of GPUs) rho is about 1; among co-tenants that come and go,
         far less. Until two full windows, the whole horizon (as a speed is taken to hold until it changes)."""
         if not np.isfinite(self._windows[2]).all():
-            return horizon
+            return 0.0
         last, before = self._windows[1:] - np.mean(self._windows[1:], axis=1, keepdims=True)
         norm = float(np.sqrt((last @ last) * (before @ before)))
         rho = float(last @ before) / norm if norm > 0 else 0.0  # identical speeds: no pattern to last
