@@ -470,7 +470,8 @@ class LBBSPPolicy(Policy):
         """Steps of a lasting move's saving within `horizon`: the workers' pattern of lasting speeds (log, centred)
         carries over from one window to the next with correlation rho, so a saving decays as rho^(steps / WINDOW).
         Among workers that differ for good (generations of GPUs) rho is about 1; among co-tenants that come and go,
-        far less. Until two full windows, the whole horizon (as a speed is taken to hold until it changes)."""
+        far less. Nothing until two windows are full (taken to last before then, 1024 H100 co-tenant GPUs bought shapes
+        that did not pay: docs/ablation.md)."""
         if not np.isfinite(self._windows[2]).all():
             return 0.0
         last, before = self._windows[1:] - np.mean(self._windows[1:], axis=1, keepdims=True)
