@@ -49,11 +49,18 @@ class _NoSetupCost(LBBSPPolicy):
 class _NoFreeSplits(LBBSPPolicy):
     """No free move to the equal split or the last split bought while a move that needs new shapes waits."""
 
-    def _free(self, curves, now):
+    def _free(self, curves, now, also=None):
         return None
 
 
-class _NoLastingSpeeds(LBBSPPolicy):
+class _Undecayed(LBBSPPolicy):
+    """A lasting move's saving counted over the whole horizon, whether the workers' pattern of speeds lasts or not."""
+
+    def _lasting_steps(self, horizon):
+        return horizon
+
+
+class _NoLastingSpeeds(_Undecayed):
     """Moves whose set-up costs more than a step split and valued at the planned speeds over the whole horizon: no
     lasting speeds, so no pattern whose persistence cuts the horizon."""
 
@@ -71,13 +78,6 @@ class _NoiselessValue(LBBSPPolicy):
 
     def _saving(self, split_, curves, noisy=False):
         return super()._saving(split_, curves)
-
-
-class _Undecayed(LBBSPPolicy):
-    """A lasting move's saving counted over the whole horizon, whether the workers' pattern of speeds lasts or not."""
-
-    def _lasting_steps(self, horizon):
-        return horizon
 
 
 class _UnpooledModel(StepTimeModel):

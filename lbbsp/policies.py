@@ -470,11 +470,15 @@ class LBBSPPolicy(Policy):
         """Steps of a lasting move's saving within `horizon`: the workers' pattern of lasting speeds (log, centred)
         carries over from one window to the next with correlation rho, so a saving decays as rho^(steps / WINDOW).
         Among workers that differ for good (generations of GPUs) rho is about 1; among co-tenants that come and go,
-        far less. Nothing until two windows are full (taken to last before then, 1024 H100 co-tenant GPUs bought shapes
+        far less. Until two windows are full, the pattern is read between the last full window and the steps since,
+        from half a window on; before that, nothing lasts (taken to last, 1024 H100 co-tenant GPUs bought shapes
         that did not pay: docs/ablation.md)."""
-        if not np.isfinite(self._windows[2]).all():
-            return 0.0
-        last, before = self._windows[1:] - np.mean(self._windows[1:], axis=1, keepdims=True)
+        pair = self._windows[1:]
+        if not np.isfinite(pair[1]).all():
+            if not (np.isfinite(pair[0]).all() and 2 * self._window_steps >= self.WINDOW):
+                return 0.0
+            pair = np.vstack([self._windows[0] / self._window_steps, pair[0]])
+        last, before = pair - np.mean(pair, axis=1, keepdims=True)
         norm = float(np.sqrt((last @ last) * (before @ before)))
         rho = float(last @ before) / norm if norm > 0 else 0.0  # identical speeds: no pattern to last
         if not rho > 0:

@@ -244,18 +244,20 @@ def test_stray_slow_steps_neither_hold_off_nor_skew_a_lasting_move():
 
 def test_a_lasting_moves_horizon_is_as_long_as_the_workers_pattern_of_speeds_lasts():
     # Four GPUs, windows of lasting speeds: two generations (4:1) keep their pattern, so a saving lasts the whole
-    # horizon; a co-tenant that moves to another GPU every window leaves none; a pattern partly kept decays. Before
-    # two windows nothing says how long a pattern lasts, and nothing is bought.
-    def horizon(speeds_in_window, windows=3):
+    # horizon; a co-tenant that moves to another GPU every window leaves none; a pattern partly kept decays. Until
+    # two windows are full, the pattern is read between the first and the steps since, from half a window on.
+    def horizon(speeds_in_window, windows=3, steps=0):
         policy = LBBSPPolicy()
         policy.start(512, Bounds.of(4, 512, multiple=8))
-        for window in range(windows):
-            for _ in range(LBBSPPolicy.WINDOW):
-                policy.model.speeds = np.asarray(speeds_in_window(window), dtype=np.float64)
-                policy._window(1)
+        for step in range(windows * LBBSPPolicy.WINDOW + steps):
+            policy.model.speeds = np.asarray(speeds_in_window(step // LBBSPPolicy.WINDOW), dtype=np.float64)
+            policy._window(1)
         return policy._lasting_steps(500)
 
-    assert horizon(lambda w: np.where(np.arange(4) == w % 4, 2500, 5000), windows=1) == 0.0
+    half = LBBSPPolicy.WINDOW // 2
+    assert horizon(lambda w: [5000, 5000, 1250, 1250], windows=1, steps=half - 1) == 0.0
+    assert horizon(lambda w: [5000, 5000, 1250, 1250], windows=1, steps=half) == pytest.approx(500.0)
+    assert horizon(lambda w: np.where(np.arange(4) == w % 4, 2500, 5000), windows=1, steps=half) == 0.0
     # Until the first window is full, the lasting speeds are the mean log speeds of the steps so far.
     policy = LBBSPPolicy()
     policy.start(512, Bounds.of(4, 512, multiple=8))
