@@ -16,8 +16,8 @@ workers whose forecasts or (on GPUs) running mean speeds it planned with
 (where they have lately beaten their last measured speeds), learned floors,
 and the forgone saving that a move to new batch shapes must pay for, with
 the workers' lasting speeds (their mean over the last full window of
-steps) that such a move is valued at where a set-up costs more than a
-step. A recovery
+steps, before the first one over the steps so far) that such a move is
+valued at where a set-up costs more than a step. A recovery
 slower than it should be can then be traced to its cause without running
 the cluster again.
 """
@@ -101,7 +101,7 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
                           forecast_used=np.flatnonzero(policy.planned_with == 1).tolist(),
                           mean_used=np.flatnonzero(policy.planned_with == 2).tolist(),
                           regret=policy._regret, setup=model.setup_cost(),
-                          lasting=np.exp(policy._windows[1]).tolist())
+                          lasting=np.exp(policy._lasting_logs()).tolist())
         records.append(record)
     return records, matched, checked
 
