@@ -406,7 +406,8 @@ class LBBSPPolicy(Policy):
             return times, 0.0
         if noisy:
             spreads, draws = np.sqrt(self.model.spread2[free]), self._draws[:, free]
-            return times, expected_slowest(times[free], spreads, draws) - expected_slowest(after[free], spreads, draws)
+            now, later = expected_slowest([times[free], after[free]], spreads, draws)
+            return times, now - later
         return times, times[free].max() - after[free].max()
 
     def _move(self, target, mean, stats):

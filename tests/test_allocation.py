@@ -116,6 +116,9 @@ def test_expected_slowest_is_the_slowest_without_noise_and_grows_as_workers_crow
     crowded = np.full(times.size, times.max())
     spreads = np.full(times.size, spread)
     assert expected_slowest(crowded, spreads, draws) >= expected_slowest(times, spreads, draws)
+    # Several splits at once (the noise computed once): each row's estimate, to the last bit, as it alone gives.
+    rows = expected_slowest([crowded, times], spreads, draws)
+    assert rows.tolist() == [expected_slowest(crowded, spreads, draws), expected_slowest(times, spreads, draws)]
 
 
 def test_sanitize_takes_the_median_of_the_good_values_or_the_fallback():
