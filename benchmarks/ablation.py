@@ -76,7 +76,7 @@ class _NoLastingSpeeds(_Undecayed):
 class _NoiselessValue(LBBSPPolicy):
     """A lasting move valued in the slowest worker's time at the curves, without the workers' noise."""
 
-    def _saving(self, split_, curves, noisy=False):
+    def _saving(self, split_, curves, noise=None):
         return super()._saving(split_, curves)
 
 

@@ -110,12 +110,12 @@ def step_times(batches, speeds, offsets, floors):
     return np.maximum(floors, (offsets + np.asarray(batches, dtype=np.float64)) / speeds)
 
 
-def expected_slowest(times, spreads, draws):
+def expected_slowest(times, noise):
     """E[max_i t_i exp(s_i z_i)]: the slowest worker's expected time where worker i's time scatters lognormally by
-    s_i about t_i, estimated on `draws` (rows of fixed standard normal draws, one column per worker, so that every
-    rank estimates the same). Balancing brings more workers near the slowest, and the noise of each then counts.
-    `times` of several splits (one row each) gives one estimate per split, the noise computed once."""
-    slowest = np.max(np.asarray(times, dtype=np.float64)[..., None, :] * np.exp(spreads * draws), axis=-1)
+    s_i about t_i, estimated on `noise`, exp(s_i z_i) on rows of fixed standard normal draws z (one column per
+    worker), so that every rank estimates the same. Balancing brings more workers near the slowest, and the noise of
+    each then counts. `times` of several splits (one row each) gives one estimate per split."""
+    slowest = np.max(np.asarray(times, dtype=np.float64)[..., None, :] * noise, axis=-1)
     return np.mean(slowest, axis=-1) if slowest.ndim > 1 else float(np.mean(slowest))
 
 

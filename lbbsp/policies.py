@@ -394,21 +394,24 @@ class LBBSPPolicy(Policy):
             self.batches, self._regret, self._proposal = target, 0.0, None
         return self.resize(next_global_batch)
 
-    def _saving(self, split_, curves, noisy=False):
+    def _saving(self, split_, curves, noise=None):
         """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
         it can move: one at its lower bound in both splits takes as long whatever the split, and balancing the
-        others keeps them clear of it as their speeds drift. `noisy`: the saving in the expected slowest time, each
-        worker's time scattering by its step-to-step spread (`expected_slowest`)."""
+        others keeps them clear of it as their speeds drift. `noise` (`_noise`): the saving in the expected slowest
+        time, each worker's time scattering by its step-to-step spread (`expected_slowest`)."""
         times, after = step_times(self.batches, *curves), step_times(split_, *curves)
         lower, _, q = self.bounds.grid(int(self.batches.sum()))
         free = (self.batches > lower * q) | (split_ > lower * q)
         if not free.any():
             return times, 0.0
-        if noisy:
-            spreads, draws = np.sqrt(self.model.spread2[free]), self._draws[:, free]
-            now, later = expected_slowest([times[free], after[free]], spreads, draws)
+        if noise is not None:
+            now, later = expected_slowest([times[free], after[free]], noise[:, free])
             return times, now - later
         return times, times[free].max() - after[free].max()
+
+    def _noise(self):
+        """exp(s_i z) on the fixed draws z: each worker's time's scatter by its step-to-step spread s_i."""
+        return np.exp(np.sqrt(self.model.spread2) * self._draws)
 
     def _move(self, target, mean, stats):
         """The split to take now, or None: `target` (equal batches where it beats them only by noise: `_anchored`)
@@ -423,7 +426,7 @@ class LBBSPPolicy(Policy):
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
-        planned, now = mean, times.max()
+        planned, now, noise = mean, times.max(), None
         if lasting:  # from here on, split and value at the lasting speeds
             speeds = np.exp(self._lasting_logs())
             mean = (sanitize(np.where(np.isfinite(speeds), speeds, mean[0]), 1.0), *mean[1:])
@@ -431,7 +434,8 @@ class LBBSPPolicy(Policy):
             if not self.model.new_shapes(target).any():  # nothing to buy: the splits set up, at the planned speeds
                 self._regret, self._proposal = 0.0, None
                 return self._free(planned, now, target)
-            times, saving = self._saving(target, mean, noisy=True)
+            noise = self._noise()  # once for every saving this decision values
+            times, saving = self._saving(target, mean, noise)
             setup = self.setup_cost(target)
         if not saving > self.min_gain * times.max() or setup == 0:
             self._regret, self._proposal = 0.0, None
@@ -441,7 +445,7 @@ class LBBSPPolicy(Policy):
         # Still worth making while the previous proposal would save more than min_gain (noise moves the best
         # split, not the worth of moving).
         same = self._proposal is not None and \
-            self._saving(self._proposal, mean, noisy=lasting)[1] > self.min_gain * times.max()
+            self._saving(self._proposal, mean, noise)[1] > self.min_gain * times.max()
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
         horizon = self.horizon or stats.horizon or np.inf
         horizon = self._lasting_steps(horizon) if lasting else horizon

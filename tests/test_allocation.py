@@ -108,17 +108,17 @@ def test_clipped_samples_go_to_the_others():
 def test_expected_slowest_is_the_slowest_without_noise_and_grows_as_workers_crowd_it(times, spread):
     times = np.array(times)
     draws = np.random.default_rng(0).standard_normal((4000, times.size))
-    assert expected_slowest(times, np.zeros(times.size), draws) == pytest.approx(times.max(), rel=1e-12)
+    assert expected_slowest(times, np.ones_like(draws)) == pytest.approx(times.max(), rel=1e-12)
     # One worker: the lognormal's mean, t exp(s^2 / 2), within the draws' error.
-    one = expected_slowest(times[:1], np.array([spread]), draws[:, :1])
+    one = expected_slowest(times[:1], np.exp(spread * draws[:, :1]))
     assert one == pytest.approx(times[0] * np.exp(spread ** 2 / 2), rel=4 * spread / np.sqrt(4000) + 1e-9)
     # The same slowest mean time, every worker brought up to it: the expected slowest can only grow.
     crowded = np.full(times.size, times.max())
-    spreads = np.full(times.size, spread)
-    assert expected_slowest(crowded, spreads, draws) >= expected_slowest(times, spreads, draws)
-    # Several splits at once (the noise computed once): each row's estimate, to the last bit, as it alone gives.
-    rows = expected_slowest([crowded, times], spreads, draws)
-    assert rows.tolist() == [expected_slowest(crowded, spreads, draws), expected_slowest(times, spreads, draws)]
+    noise = np.exp(spread * draws)
+    assert expected_slowest(crowded, noise) >= expected_slowest(times, noise)
+    # Several splits at once: each row's estimate, to the last bit, as it alone gives.
+    rows = expected_slowest([crowded, times], noise)
+    assert rows.tolist() == [expected_slowest(crowded, noise), expected_slowest(times, noise)]
 
 
 def test_sanitize_takes_the_median_of_the_good_values_or_the_fallback():
