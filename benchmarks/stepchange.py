@@ -1,6 +1,7 @@
 """Simulated step changes of one worker's CPU quota, with and without CFS throttling, under the policies' own code.
 
     python -m benchmarks.stepchange
+    python -m benchmarks.stepchange --policies lbbsp-ema,abl-nochange,abl-nohyst   # one mechanism off each
 
 Why: the live step-change-2 scenario cuts worker 1's CPU quota 4x for 16
 of every 32 steps and restores it. lbbsp recovers from the cut at once but
@@ -42,6 +43,7 @@ from lbbsp.allocation import Bounds
 from lbbsp.metrics import balanced_time
 from lbbsp.policies import LBBSPPolicy, Policy, make_policy
 
+from .ablation import ABLATIONS
 from .simulate import drive
 
 __all__ = ["QuotaWorker", "quotas", "run", "phase_oracle", "main", "MODES", "POLICIES"]
@@ -49,12 +51,15 @@ __all__ = ["QuotaWorker", "quotas", "run", "phase_oracle", "main", "MODES", "POL
 MODES = ("smooth", "cfs")
 #: CFS's default bandwidth period (seconds).
 PERIOD = 0.1
-#: policy label: (policy factory, predictor)
+#: policy label: (policy factory, predictor); the ablations (benchmarks.ablation) forecast as lbbsp-ema does
 POLICIES = {
     "pid": (lambda: make_policy("pid"), None),
     "lbbsp-ema": (LBBSPPolicy, "ema"),
     "lbbsp-last": (LBBSPPolicy, "last"),
+    **{name: (factory, "ema") for name, (_, factory, _) in ABLATIONS.items()},
 }
+#: The policies run by default.
+DEFAULT = ("pid", "lbbsp-ema", "lbbsp-last")
 
 
 class QuotaWorker:
@@ -163,7 +168,7 @@ def _recovery(runs, kind):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
-    parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {list(POLICIES)}")
+    parser.add_argument("--policies", default=",".join(DEFAULT), help=f"comma-separated, from {list(POLICIES)}")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=320)
     args = parser.parse_args(argv)
