@@ -80,13 +80,6 @@ class _NoiselessValue(LBBSPPolicy):
         return super()._saving(split_, curves)
 
 
-class _Unanchored(LBBSPPolicy):
-    """The target taken as it is, even where it beats equal batches by no more than the planned speeds' noise."""
-
-    def _anchored(self, target):
-        return target
-
-
 class _UnpooledModel(StepTimeModel):
     POOL_FROM = np.inf
 
@@ -122,8 +115,6 @@ ABLATIONS = {
                    lambda: LBBSPPolicy(model={"mean_rate": 1.0}), "narx"),
     "abl-nofloor": ("the floor of the step-time model", _with_model(_FloorlessModel), "narx"),
     "abl-nohyst": ("hysteresis (min_gain = 0)", lambda: LBBSPPolicy(min_gain=0.0), "narx"),
-    "abl-noanchor": ("equal batches unless the split beats them beyond the planned speeds' noise", _Unanchored,
-                     "narx"),
     "abl-noprior": ("the GPU prior of the fixed cost k (k = 0 until fitted)",
                     lambda: LBBSPPolicy(model={"offset": 0.0}), "narx"),
     "abl-nochange": ("speed-change detection (every test against noise: change, floor, costly first visit)",

@@ -249,8 +249,8 @@ class LBBSPPolicy(Policy):
 
     Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
     speed: StepTimeParams.mean_rate), whichever has lately been closest; of the split balancing those speeds,
-    the one balancing their tails and the equal split, the one lately fastest in hindsight is the target, where
-    it beats equal batches by more than the planned speeds' noise; it is taken when it saves more than `min_gain`
+    the one balancing their tails and the equal split, the one lately fastest in hindsight is the target; it is
+    taken when it saves more than `min_gain`
     of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest),
     judged at the workers' lasting speeds (`WINDOW`).
     `model`: StepTimeParams or a dict of its fields.
@@ -414,15 +414,13 @@ class LBBSPPolicy(Policy):
         return np.exp(np.sqrt(self.model.spread2) * self._draws)
 
     def _move(self, target, mean, stats):
-        """The split to take now, or None: `target` (equal batches where it beats them only by noise: `_anchored`)
-        where it saves more than min_gain of the step and needs no new batch shape. One that does is taken once its
-        set-up (done in parallel) is paid twice: by the saving forgone while the move stayed worth making (ski
-        rental), and by the saving over the horizon. Savings are at the planned (`mean`) speeds: the tails say where
-        to split, not what a move saves. A move whose set-up costs more than a step is split at the lasting speeds
-        and valued there in the expected slowest time under each worker's noise, over as much of the horizon as
-        the speeds' pattern lasts (`_lasting_steps`); until it is bought, and where it needs no new shape, a split
-        already set up is taken where it pays at the planned speeds (`_free`)."""
-        target = self._anchored(target)
+        """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new batch
+        shape. One that does is taken once its set-up (done in parallel) is paid twice: by the saving forgone while the
+        move stayed worth making (ski rental), and by the saving over the horizon. Savings are at the planned (`mean`)
+        speeds: the tails say where to split, not what a move saves. A move whose set-up costs more than a step is split
+        at the lasting speeds and valued there in the expected slowest time under each worker's noise, over as much of
+        the horizon as the speeds' pattern lasts (`_lasting_steps`); until it is bought, and where it needs no new
+        shape, a split already set up is taken where it pays at the planned speeds (`_free`)."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
@@ -491,18 +489,6 @@ class LBBSPPolicy(Policy):
         if rho >= 1.0:
             return horizon
         return min(horizon, self.WINDOW * (1.0 - rho ** (horizon / self.WINDOW)) / -np.log(rho))
-
-    def _anchored(self, target):
-        """`target`, or the equal split where `target` beats it at the planning curves by no more than noise would:
-        the planned speeds' spread (the steps' median spread, in variance rate / (2 - rate) of it for a running mean
-        at `mean_rate`) times sqrt(2 ln N), about how far the largest of N draws strays. Among identical workers
-        that is all a noisy speed suggests; between workers that differ, the best split gains more."""
-        total, n = int(self.batches.sum()), self.num_workers
-        equal = self._equal(total)
-        rate = self.model.mean_rate
-        spread = float(np.sqrt(np.median(self.model.spread2) * rate / (2.0 - rate) * 2.0 * np.log(max(n, 2))))
-        before, after = step_times(equal, *self._curves).max(), step_times(target, *self._curves).max()
-        return equal if before - after <= spread * before else target
 
     def _free(self, curves, now, also=None):
         """The equal split, the last split bought or `also`, whichever saves more at `curves`, where every worker has

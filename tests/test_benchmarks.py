@@ -682,22 +682,12 @@ def test_overhead_names_an_unknown_variant(capsys):
 def test_ablations_switch_off_what_they_name():
     from benchmarks.ablation import ABLATIONS
     from benchmarks.stepchange import POLICIES as STEP_POLICIES
-    from lbbsp.allocation import split
     from lbbsp.policies import LBBSPPolicy
 
     bounds = Bounds.of(8, 1024, multiple=8)
-    shipped, unanchored = LBBSPPolicy(), ABLATIONS["abl-noanchor"][1]()
-    for policy in (shipped, unanchored):
+    shipped, noprior = LBBSPPolicy(), ABLATIONS["abl-noprior"][1]()
+    for policy in (shipped, noprior):
         policy.start(1024, bounds)
         policy.prepare(gpu=True)
-        # One worker 6% slow among workers whose steps scatter by 5%: the planned split beats equal batches by noise.
-        policy._curves = (np.array([0.94, 1, 1, 1, 1, 1, 1, 1]) * 5000.0, np.zeros(8), np.zeros(8))
-        policy.model.spread2 = np.full(8, 0.05 ** 2)
-    target = split(1024, bounds, *shipped._curves)
-    assert (target != 128).any()
-    assert (shipped._anchored(target) == 128).all() and (unanchored._anchored(target) == target).all()
-    noprior = ABLATIONS["abl-noprior"][1]()
-    noprior.start(1024, bounds)
-    noprior.prepare(gpu=True)
     assert noprior.model.offset_prior == 0.0 and shipped.model.offset_prior > 0.0
     assert set(ABLATIONS) <= set(STEP_POLICIES)

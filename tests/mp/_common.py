@@ -46,9 +46,8 @@ def make_test_predictors():
 def trusting_policy(**kwargs):
     """lbbsp's policy, planning with every valid forecast (the default uses a worker's forecasts only where they
     have lately beaten its measured level), always balancing the forecasts themselves (the default may choose the
-    equal split or the one balancing their tails, by how each has lately done, which the timings' noise sets),
-    taking the split it plans however little that beats equal batches (the default keeps them within the speeds'
-    noise) and taking new batch shapes to cost nothing (where a first visit measures a set-up longer than a step,
+    equal split or the one balancing their tails, by how each has lately done, which the timings' noise sets)
+    and taking new batch shapes to cost nothing (where a first visit measures a set-up longer than a step,
     the default values moves at the measured speed levels): the tests' predictors alone then set the split."""
     import numpy as np
 
@@ -61,9 +60,6 @@ def trusting_policy(**kwargs):
             speeds, offsets, floors = super().curves(forecast, *measured)
             good = np.isfinite(forecast) & (np.asarray(forecast) > 0)
             return np.where(good, forecast, speeds), offsets, floors
-
-        def _anchored(self, target):
-            return target
 
         def setup_cost(self, target):
             return 0.0
