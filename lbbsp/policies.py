@@ -250,9 +250,8 @@ class LBBSPPolicy(Policy):
     Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
     speed: StepTimeParams.mean_rate), whichever has lately been closest; of the split balancing those speeds,
     the one balancing their tails and the equal split, the one lately fastest in hindsight is the target; it is
-    taken when it saves more than `min_gain`
-    of the step and its new batch shapes pay for their set-up within `horizon` steps (None: the epoch's rest),
-    judged at the workers' lasting speeds (`WINDOW`).
+    taken when it saves more than `min_gain` of the step and its new batch shapes pay for their set-up within
+    `horizon` steps (None: the epoch's rest), judged at the workers' lasting speeds (`WINDOW`).
     `model`: StepTimeParams or a dict of its fields.
     """
 
