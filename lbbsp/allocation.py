@@ -12,13 +12,9 @@ import dataclasses
 
 import numpy as np
 
+from .checks import integer
+
 __all__ = ["Bounds", "split", "step_times", "expected_slowest", "default_multiple", "sanitize"]
-
-
-def _as_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {minimum}")
-    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +29,10 @@ class Bounds:
     def of(cls, num_workers, global_batch, b_min=1, b_max=None, multiple=1):
         """Bounds for N workers and global batch B; `b_max` is None (no bound), one integer or one per worker
         (GPUs with different memory). Raises ValueError naming a bad value."""
-        num_workers = _as_int("num_workers", num_workers, 1)
-        global_batch = _as_int("global_batch", global_batch, 1)
-        b_min = _as_int("b_min", b_min, 1)
-        multiple = _as_int("multiple", multiple, 1)
+        num_workers = integer("num_workers", num_workers, 1)
+        global_batch = integer("global_batch", global_batch, 1)
+        b_min = integer("b_min", b_min, 1)
+        multiple = integer("multiple", multiple, 1)
         if b_max is None:
             upper = np.full(num_workers, global_batch, dtype=np.int64)
         else:
@@ -45,7 +41,7 @@ class Bounds:
                 raise ValueError(f"b_max={b_max!r} is not allowed: give one integer or {num_workers} integers "
                                  "(one per worker)")
             for value in raw.tolist():
-                _as_int("b_max", value, b_min)
+                integer("b_max", value, b_min)
             upper = np.broadcast_to(raw.astype(np.int64), (num_workers,)).copy()
         bounds = cls(np.full(num_workers, b_min, dtype=np.int64), upper, multiple)
         bounds.check(global_batch)
@@ -59,7 +55,7 @@ class Bounds:
 
     def check(self, total):
         """`total` as an int if the workers can hold it within their bounds; else ValueError."""
-        total = _as_int("global_batch", total, 1)
+        total = integer("global_batch", total, 1)
         if total < int(self.lower.sum()):
             raise ValueError(f"global_batch={total} is not allowed with {self.num_workers} workers and "
                              f"b_min={int(self.lower[0])}: it must be at least num_workers * b_min = "

@@ -27,6 +27,7 @@ from .controller import BalanceController
 from .exchange import unpack
 from .forecasting import Forecaster
 from .history import StepLog
+from .metrics import step_balance
 from .steptime import batch_free_speed
 
 __all__ = ["Balancer", "Background"]
@@ -218,7 +219,7 @@ class Balancer:
         started = time.perf_counter()
         plan, stats = self.controller.decide(epoch, step, gathered, sizes)
         self.feed.publish(plan)  # the input pipeline may start on that step now
-        balanced, slowest = self.controller.balance(stats)
+        balanced, slowest = step_balance(stats.batches, stats.compute)
         record.update(next_batch_size=int(plan.sizes[self.rank]),
                       efficiency=balanced / slowest if slowest > 0 else math.nan,
                       background=time.perf_counter() - started)

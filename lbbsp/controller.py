@@ -14,11 +14,11 @@ import time
 import numpy as np
 
 from .allocation import Bounds
+from .checks import integer
 from .consistency import digest as split_digest
 from .exchange import unpack
 from .forecasting import check_budget
 from .membership import worker_index
-from .metrics import balanced_time
 from .policies import StepStats, make_policy, proportional
 from .sharding import EpochSchedule
 
@@ -63,13 +63,10 @@ class BalanceController:
     """Decides every step's per-worker batch sizes from the gathered rows of the step that just ended."""
 
     def __init__(self, policy="lbbsp", warmup_steps=2, plan_ahead=1, budget=DECISION_BUDGET):
-        for name, value in (("warmup_steps", warmup_steps), ("plan_ahead", plan_ahead)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= 0")
+        self.warmup_steps = integer("warmup_steps", warmup_steps, 0)
+        self.plan_ahead = integer("plan_ahead", plan_ahead, 0)
         self.policy = make_policy(policy)
         self._failed, self._changes, self._period = False, 0, 1
-        self.warmup_steps = warmup_steps
-        self.plan_ahead = plan_ahead
         self.budget = check_budget(budget, "decision_budget")
 
     @property
@@ -213,11 +210,3 @@ class BalanceController:
     @property
     def batch_sizes(self):
         return self.policy.batches.copy()
-
-    @staticmethod
-    def balance(stats):
-        """(T*, max_i t_i) of a step: the balanced and the actual compute time (NaN when a time is missing)."""
-        t = stats.compute
-        if not np.all(np.isfinite(t) & (t > 0)):
-            return float("nan"), float("nan")
-        return balanced_time(stats.batches, t), float(t.max())

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from .allocation import Bounds, default_multiple
+from .checks import integer
 from .sharding import EpochSchedule, epoch_permutation, local_indices
 
 __all__ = ["BatchFeed", "ArraySource", "FunctionSource"]
@@ -87,23 +88,15 @@ class BatchFeed:
                  _source=None):
         self.source = _source if _source is not None else ArraySource(x, y, sample_weight)
         n = self.source.num_samples
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"num_samples={n!r} is not allowed: the data must hold at least one sample")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed={seed!r} is not allowed: it must be an integer")
+        self.num_samples = integer("num_samples", n, 1, what=" (the data must hold at least one sample)")
+        self.seed = integer("seed", seed)
         Bounds.of(1, global_batch, b_min)
-        integer = isinstance(batch_multiple, (int, np.integer)) and not isinstance(batch_multiple, bool)
-        if batch_multiple is not None and not (integer and batch_multiple >= 1):
-            raise ValueError(f"batch_multiple={batch_multiple!r} is not allowed: it must be None (automatic) or an "
-                             "integer >= 1 (1: any batch size; 8: every batch a multiple of 8)")
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch={prefetch!r} is not allowed: it must be an integer >= 0 (steps read ahead)")
-        self.prefetch = prefetch
-        self.num_samples = int(n)
+        self.batch_multiple = integer("batch_multiple", batch_multiple, 1, optional=True,
+                                      what=" (None: automatic; 1: any batch size; 8: every batch a multiple of 8)")
+        self.prefetch = integer("prefetch", prefetch, 0, what=" (steps read ahead)")
         self.global_batch = int(global_batch)
-        self.seed, self.shuffle, self.drop_remainder = int(seed), bool(shuffle), bool(drop_remainder)
+        self.shuffle, self.drop_remainder = bool(shuffle), bool(drop_remainder)
         self.b_min, self.b_max = int(b_min), b_max
-        self.batch_multiple = None if batch_multiple is None else int(batch_multiple)
         self._cond = threading.Condition()
         self.generation = 0
         self.bind(rank, size)
@@ -120,10 +113,7 @@ class BatchFeed:
         of its permutation (the samples before it were trained on before a
         membership change). `global_batch` changes the global batch from now on.
         """
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"size={size!r} is not allowed: it must be an integer >= 1")
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < size:
-            raise ValueError(f"rank={rank!r} is not allowed with size={size}: it must be an integer in [0, size)")
+        integer("rank", rank, 0, integer("size", size, 1) - 1, what=f" (size={size})")
         if global_batch is not None:
             Bounds.of(1, global_batch, self.b_min)
         global_batch = self.global_batch if global_batch is None else int(global_batch)

@@ -11,6 +11,7 @@ import time
 from predictor import make_predictor
 from predictor.base import is_valid_speed
 
+from .checks import integer, number
 from .steptime import batch_free_speed
 
 __all__ = ["Forecaster", "FORECAST_BUDGET", "check_budget"]
@@ -27,12 +28,8 @@ _TIMINGS = 5
 def check_budget(budget, name="forecast_budget"):
     """`budget` (a share of the step's compute time) as a float, or None (no budget: the work runs at every
     step); a clear error naming `name` for anything else."""
-    if budget is None:
-        return None
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget < math.inf:
-        raise ValueError(f"{name}={budget!r} is not allowed: give a share of the step's compute time >= 0 (e.g. "
-                         "0.01), or None to do the work at every step")
-    return float(budget)
+    return number(name, budget, optional=True, what=" (a share of the step's compute time, e.g. 0.01; None: the "
+                                                    "work runs at every step)")
 
 
 class Forecaster:
@@ -48,16 +45,12 @@ class Forecaster:
 
     def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,
                  clock=time.perf_counter, cpu_clock=time.thread_time):
-        if isinstance(absurd, bool) or not isinstance(absurd, (int, float)) or not absurd > 1:
-            raise ValueError(f"absurd={absurd!r} is not allowed: it must be a number > 1")
-        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
-            raise ValueError(f"probe_every={probe_every!r} is not allowed: give an integer >= 1")
+        self.absurd = number("absurd", absurd, 1.0, low_open=True)
         self.budget = check_budget(budget)
-        self.probe_every = probe_every
+        self.probe_every = integer("probe_every", probe_every, 1)
         self._clock, self._cpu_clock = clock, cpu_clock
         self._named = predictor if isinstance(predictor, str) else None
         self.predictor = make_predictor(predictor)
-        self.absurd = float(absurd)
         self._warned = set()
         self.reset()
 

@@ -8,6 +8,8 @@ import csv
 import logging
 import math
 
+from .checks import integer
+
 __all__ = ["StepLog", "FIELDS"]
 
 log = logging.getLogger(__name__)
@@ -28,10 +30,8 @@ class StepLog:
     """
 
     def __init__(self, path=None, keep=1000, extra=(), append=False):
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
-            raise ValueError(f"keep={keep!r} is not allowed: give an integer >= 0 or None (keep every row)")
         self.path, self.columns = path, FIELDS + tuple(extra)
-        self.rows = collections.deque(maxlen=keep)
+        self.rows = collections.deque(maxlen=integer("keep", keep, 0, optional=True, what=" (None: keep every row)"))
         self._fh = self._writer = None
         self.steps = 0
         self._reset_epoch()

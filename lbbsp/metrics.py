@@ -1,7 +1,7 @@
 """Balance metrics of synchronous steps (numpy only): balanced time, and efficiency and straggler level per epoch."""
 import numpy as np
 
-__all__ = ["balanced_time", "summarize_steps"]
+__all__ = ["balanced_time", "step_balance", "summarize_steps"]
 
 
 def balanced_time(batches, compute):
@@ -13,6 +13,14 @@ def balanced_time(batches, compute):
     compute = np.asarray(compute, dtype=np.float64)
     ideal = batches.sum(axis=-1) / np.sum(batches / compute, axis=-1)
     return float(ideal) if ideal.ndim == 0 else ideal
+
+
+def step_balance(batches, compute):
+    """(T*, max_i t_i) of one step: its balanced and its actual compute time (NaN where a time is missing)."""
+    t = np.asarray(compute, dtype=np.float64)
+    if not np.all(np.isfinite(t) & (t > 0)):
+        return float("nan"), float("nan")
+    return balanced_time(batches, t), float(t.max())
 
 
 def summarize_steps(batches, compute):

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 
 from .allocation import Bounds, expected_slowest, sanitize, split, step_times
+from .checks import integer, number
 from .membership import remap
 from .steptime import StepTimeModel
 
@@ -41,14 +42,6 @@ def proportional(total, bounds, shares):
     """Batches of `total` proportional to `shares` (no fixed costs, no floors), within `bounds` and on its grid."""
     zeros = np.zeros(bounds.num_workers)
     return split(int(total), bounds, sanitize(shares, 1.0), zeros, zeros)
-
-
-def _positive(name, value, low=0.0, integer=False, high=np.inf):
-    kind = (int, np.integer) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not low <= value < high:
-        raise ValueError(f"{name}={value!r} is not allowed: it must be {'an integer' if integer else 'a number'} "
-                         f"in [{low}, {high})")
-    return value
 
 
 class Policy:
@@ -164,7 +157,7 @@ class StaticPolicy(Policy):
     PER_WORKER = {"_speeds": 0.0}
 
     def __init__(self, profile_steps=5):
-        self.profile_steps = _positive("profile_steps", profile_steps, 1, integer=True)
+        self.profile_steps = integer("profile_steps", profile_steps, 1)
 
     def start(self, global_batch, bounds):
         self._speeds, self._steps = np.zeros(bounds.num_workers), 0
@@ -224,8 +217,8 @@ class PIDPolicy(Policy):
     PER_WORKER = {"_integral": 0.0, "_last_error": 0.0}
 
     def __init__(self, kp=1.0, ki=0.0, kd=0.0, deadband=0.2):
-        self.kp, self.ki, self.kd = (_positive(n, v) for n, v in (("kp", kp), ("ki", ki), ("kd", kd)))
-        self.deadband = _positive("deadband", deadband, high=1.0)
+        self.kp, self.ki, self.kd = (number(n, v) for n, v in (("kp", kp), ("ki", ki), ("kd", kd)))
+        self.deadband = number("deadband", deadband, high=1.0)
 
     def start(self, global_batch, bounds):
         self._integral, self._last_error = np.zeros(bounds.num_workers), np.zeros(bounds.num_workers)
@@ -276,8 +269,8 @@ class LBBSPPolicy(Policy):
     DRAWS = 256
 
     def __init__(self, min_gain=0.02, horizon=None, model=None):
-        self.min_gain = float(_positive("min_gain", min_gain, high=1.0))
-        self.horizon = None if horizon is None else _positive("horizon", horizon, 1, integer=True)
+        self.min_gain = number("min_gain", min_gain, high=1.0)
+        self.horizon = integer("horizon", horizon, 1, optional=True)
         self.model = StepTimeModel(model)
 
     def start(self, global_batch, bounds):

@@ -15,6 +15,8 @@ import logging
 
 import numpy as np
 
+from .checks import integer
+
 __all__ = ["global_batch_schedule", "epoch_permutation", "local_indices", "EpochSchedule"]
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,9 @@ def global_batch_schedule(num_samples, global_batch, num_workers, b_min=1, drop_
     merged into it if the two together are too few to split; so no sample is
     dropped or read twice. With drop_remainder the partial step is skipped.
     """
-    for name, value, low in (("num_samples", num_samples, 1), ("global_batch", global_batch, 1),
-                             ("num_workers", num_workers, 1), ("b_min", b_min, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+    for name, value in (("num_samples", num_samples), ("global_batch", global_batch), ("num_workers", num_workers),
+                        ("b_min", b_min)):
+        integer(name, value, 1)
     floor = num_workers * b_min
     if global_batch < floor:
         raise ValueError(
@@ -99,12 +100,8 @@ class EpochSchedule:
         if resume is None:
             return
         epoch, position = resume
-        for name, value, high in (("epoch", epoch, None), ("position", position, self.num_samples)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0 or \
-                    (high is not None and value > high):
-                raise ValueError(f"resume {name}={value!r} is not allowed: it must be an integer in "
-                                 f"[0, {high if high is not None else 'inf'}]")
-        self.resume_epoch, self.position = int(epoch), int(position)
+        self.resume_epoch = integer("resume epoch", epoch, 0)
+        self.position = integer("resume position", position, 0, self.num_samples)
         rest = self.num_samples - self.position
         if rest:
             try:

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .allocation import step_times
+from .checks import number
 
 __all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE", "GPU_OFFSET_SHARE"]
 
@@ -59,14 +60,7 @@ class StepTimeParams:
 
     def __post_init__(self):
         for name, (low, high, low_open, high_open) in self.RANGES.items():
-            value, optional = getattr(self, name), name in self.OPTIONAL
-            if optional and value is None:
-                continue
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and (value > low if low_open else value >= low)  # compared only once it is a number
-            if not (ok and (value < high if high_open else value <= high)):
-                raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {'(' if low_open else '['}"
-                                 f"{low}, {high}{')' if high_open else ']'}{', or None' if optional else ''}")
+            number(name, getattr(self, name), low, high, low_open, high_open, optional=name in self.OPTIONAL)
 
     @classmethod
     def of(cls, params):

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..balancer import Balancer
+from ..checks import integer
 from ..consistency import build_mismatch, numpy_build
 from ..controller import DECISION_BUDGET, BalanceController
 from ..forecasting import FORECAST_BUDGET, Forecaster, check_budget
@@ -100,8 +101,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 raise ValueError(f"{name}={value!r} is not allowed: the only field it may hold is {{rank}} "
                                  f"({exc!r}); write a literal brace as {{{{ or }}}}") from exc
         for name, value in (("state_every", state_every), ("keep_steps", keep_steps)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} is not allowed: give an integer >= 1 or None")
+            integer(name, value, 1, optional=True)
         if state_every is not None and state_path is None:
             raise ValueError(f"state_every={state_every!r} is not allowed without state_path: give both (the state "
                              "is saved to state_path every state_every steps)")

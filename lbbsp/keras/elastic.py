@@ -33,6 +33,7 @@ import horovod.tensorflow.keras as hvd
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
+from ..checks import integer
 from .callbacks import LoadBalancer
 
 __all__ = ["ElasticState", "fit"]
@@ -69,9 +70,8 @@ class ElasticState(hvd.elastic.KerasState):
     def __init__(self, model, balancer, batches_per_commit=1, scale_batch=False, ramp_steps=100, **kwargs):
         if not isinstance(balancer, LoadBalancer):
             raise ValueError(f"balancer={balancer!r} is not allowed: give the job's lbbsp.keras.LoadBalancer")
-        for name, value, low in (("batches_per_commit", batches_per_commit, 1), ("ramp_steps", ramp_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r} is not allowed: it must be an integer >= {low}")
+        integer("batches_per_commit", batches_per_commit, 1)
+        integer("ramp_steps", ramp_steps, 0)
         if getattr(model, "optimizer", None) is None or not model.built:
             raise ValueError("model is not allowed: build and compile it (with lbbsp.keras.DistributedOptimizer) "
                              "before making the ElasticState")
