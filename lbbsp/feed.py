@@ -113,7 +113,8 @@ class BatchFeed:
         of its permutation (the samples before it were trained on before a
         membership change). `global_batch` changes the global batch from now on.
         """
-        integer("rank", rank, 0, integer("size", size, 1) - 1, what=f" (size={size})")
+        size = integer("size", size, 1)
+        integer("rank", rank, 0, size - 1, what=f" (size={size})")
         if global_batch is not None:
             Bounds.of(1, global_batch, self.b_min)
         global_batch = self.global_batch if global_batch is None else int(global_batch)
