@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-__all__ = ["integer", "number"]
+__all__ = ["integer", "number", "check_budget"]
 
 
 def integer(name, value, low=None, high=None, optional=False, what=""):
@@ -31,3 +31,10 @@ def number(name, value, low=0.0, high=math.inf, low_open=False, high_open=True, 
         raise ValueError(f"{name}={value!r} is not allowed: it must be a number in {interval}"
                          f"{', or None' if optional else ''}{what}")
     return float(value)
+
+
+def check_budget(budget, name="forecast_budget"):
+    """`budget` (a share of the step's compute time that some per-step work may take) as a float, or None (no
+    budget: the work runs at every step)."""
+    return number(name, budget, optional=True, what=" (a share of the step's compute time, e.g. 0.01; None: the "
+                                                    "work runs at every step)")

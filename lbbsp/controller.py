@@ -14,10 +14,9 @@ import time
 import numpy as np
 
 from .allocation import Bounds
-from .checks import integer
+from .checks import check_budget, integer
 from .consistency import digest as split_digest
 from .exchange import unpack
-from .forecasting import check_budget
 from .membership import worker_index
 from .policies import StepStats, make_policy, proportional
 from .sharding import EpochSchedule

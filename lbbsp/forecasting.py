@@ -11,10 +11,10 @@ import time
 from predictor import make_predictor
 from predictor.base import is_valid_speed
 
-from .checks import integer, number
+from .checks import check_budget, integer, number
 from .steptime import batch_free_speed
 
-__all__ = ["Forecaster", "FORECAST_BUDGET", "check_budget"]
+__all__ = ["Forecaster", "FORECAST_BUDGET"]
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +23,6 @@ log = logging.getLogger(__name__)
 FORECAST_BUDGET = 0.01
 #: Recent measurements (predictor cost, compute time) whose median the budget compares.
 _TIMINGS = 5
-
-
-def check_budget(budget, name="forecast_budget"):
-    """`budget` (a share of the step's compute time) as a float, or None (no budget: the work runs at every
-    step); a clear error naming `name` for anything else."""
-    return number(name, budget, optional=True, what=" (a share of the step's compute time, e.g. 0.01; None: the "
-                                                    "work runs at every step)")
 
 
 class Forecaster:

@@ -9,10 +9,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..balancer import Balancer
-from ..checks import integer
+from ..checks import check_budget, integer
 from ..consistency import build_mismatch, numpy_build
 from ..controller import DECISION_BUDGET, BalanceController
-from ..forecasting import FORECAST_BUDGET, Forecaster, check_budget
+from ..forecasting import FORECAST_BUDGET, Forecaster
 from .data import BalancedFeed
 from .global_metrics import global_metric_results
 from .optimizer import balance_state
