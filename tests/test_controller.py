@@ -142,6 +142,22 @@ def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_la
     assert v[0] == speed(40) and v[1] == policy.model.speeds[1]
 
 
+def test_a_forecast_made_across_a_first_step_at_a_new_batch_size_is_not_planned_with():
+    # Worker 0's predictor foresees its speed and has been planned with. Its quota is then cut 4x at the step where
+    # it first runs 56 samples, which its forecaster does not measure (a GPU's set-up): the forecast it sends is the
+    # one made before. The model measures the step (a CPU's set-up is small), and the split plans with that.
+    policy = LBBSPPolicy()
+    policy.start(100, Bounds.of(2, 100))
+    for t in range(30):
+        speed = 1000.0 * np.exp(0.05 * np.sin(t))
+        policy.after_step(StepStats(t, np.array([50, 50]), np.array([50 / speed, 0.05]),
+                                    np.array([1000.0 * np.exp(0.05 * np.sin(t + 1)), np.nan]), target=t + 2), 100)
+    assert policy.planned_with[0] == 1
+    policy.after_step(StepStats(30, np.array([56, 44]), np.array([56 / 250.0, 0.044]), np.array([1000.0, np.nan]),
+                                target=32), 100)
+    assert policy.planned_with[0] != 1 and policy.batches[0] < 30, policy.batches
+
+
 def test_a_gpu_worker_whose_speed_scatters_about_a_level_is_planned_at_its_running_mean():
     # Worker 0's speed scatters by 20% a step about 1000 samples/s, independently from step to step: its running
     # mean is closer to its next step than its last speed is, and once scored so, it is planned at that mean.

@@ -96,6 +96,20 @@ def test_the_speed_is_the_last_measurement_and_a_change_is_flagged():
     assert m.changed[0] and m.speeds[0] == pytest.approx(250.0)
 
 
+def test_noise_beyond_the_change_threshold_from_the_first_step_is_learned_as_noise():
+    # Two workers without quotas on two cores: each one's steps alternate fast and slow by about 30% from the start
+    # (live, 2026-11-30). Fed by steady steps alone, the spread stayed at 0 and the threshold at `change`, which every
+    # step crossed: each read as a speed change, for good, and no pair entered the fit of k.
+    m = model(1)
+    rng = np.random.default_rng(0)
+    flags = []
+    for step in range(300):
+        alternate = 0.3 if step % 2 else -0.3
+        m.update([128.0], [0.03 * np.exp(alternate + 0.05 * rng.standard_normal())])
+        flags.append(bool(m.changed[0]))
+    assert np.sqrt(m.spread2[0]) > 0.3 and sum(flags[10:]) == 0
+
+
 def test_the_floor_is_learned_from_a_batch_that_fell_without_its_time():
     # A GPU whose step is 20 ms for every batch below 75 (its line t = (25 + b) / 5000 s): once k is known
     # from moves above the floor, a quarter of its batch does not take a quarter of the time; the floor is that.

@@ -2,7 +2,7 @@
 
 Every rank streams its step log to CSV_PATH (the test gives /dev/full, where every write fails with a full
 disk), saves lbbsp's state each epoch through a predictor that cannot be pickled, and decides with a policy
-that returns a split of the wrong total at every 10th step. The job must train every epoch with every rank
+that returns a split of the wrong total at every 10th decision. The job must train every epoch with every rank
 on the same split; each rank writes what happened to DIR/failures_{rank}.json.
 Usage: horovodrun -np N python tests/mp/plugin_failures.py DIR CSV_PATH
 """
@@ -50,11 +50,15 @@ class Unpicklable(SpeedPredictor):
 
 
 class Miscounting(LBBSPPolicy):
-    """LB-BSP, but every 10th step's split holds one sample too many."""
+    """LB-BSP, but every 10th decision's split holds one sample too many (decisions, not steps: with a decision
+    period, the steps decided on need not include any given step)."""
+
+    decisions = 0
 
     def after_step(self, stats, next_global_batch):
         out = super().after_step(stats, next_global_batch)
-        return out + np.eye(len(out), dtype=np.int64)[0] if stats.step % 10 == 9 else out
+        self.decisions += 1
+        return out + np.eye(len(out), dtype=np.int64)[0] if self.decisions % 10 == 0 else out
 
 
 model, fetch = sine_job()
