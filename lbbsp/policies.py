@@ -377,10 +377,10 @@ class LBBSPPolicy(Policy):
         return bool(np.any(departure > self.model.threshold))
 
     def after_step(self, stats, next_global_batch):
+        new = self.model.update(stats.batches, stats.compute)
         # A worker's first step at a batch size is no measurement to its forecaster (a GPU's set-up): its forecast is
         # the one made before the step, and no candidate to plan at.
-        forecast = np.where(self.model.new_shapes(stats.batches), np.nan, stats.forecast)
-        self.model.update(stats.batches, stats.compute)
+        forecast = np.where(new, np.nan, stats.forecast)
         self._window(stats.elapsed)
         mean = self.curves(forecast, stats.batches, stats.compute)
         target, self._curves = self._choose(stats, mean)

@@ -168,7 +168,8 @@ class StepTimeModel:
             self.shapes[w] = self.shapes[w] | {int(batches[w])}
 
     def update(self, batches, compute):
-        """Feed one step's batches and compute times of all workers (NaN or <= 0 compute is skipped)."""
+        """Feed one step's batches and compute times of all workers (NaN or <= 0 compute is skipped); returns True for
+        each worker whose batch size was new to it."""
         b = np.asarray(batches, dtype=np.float64).reshape(-1)
         t = np.asarray(compute, dtype=np.float64).reshape(-1)
         if b.size != self.num_workers or t.size != self.num_workers:
@@ -177,6 +178,7 @@ class StepTimeModel:
         self.seen(b, new)
         with np.errstate(all="ignore"):
             self._update(b, t, new)
+        return new
 
     def _update(self, b, t, new):
         p = self.params
