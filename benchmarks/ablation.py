@@ -23,6 +23,15 @@ class _MeanOnly(LBBSPPolicy):
         return split(int(self.batches.sum()), self.bounds, *curves), curves
 
 
+class _BalancedFirst(LBBSPPolicy):
+    """The balanced split in use at first, until equal batches have been faster (before 2026-11-30)."""
+
+    def start(self, global_batch, bounds):
+        batches = super().start(global_batch, bounds)
+        self._chosen = 1
+        return batches
+
+
 class _NormalTail(LBBSPPolicy):
     """The tail split at a normal's sqrt(2 ln N) spreads."""
 
@@ -101,6 +110,7 @@ def _with_model(model_class):
 #: name: (what is switched off, a policy factory, the predictor)
 ABLATIONS = {
     "abl-mean": ("the choice in hindsight (of the equal, balanced and tail splits)", _MeanOnly, "narx"),
+    "abl-balancedfirst": ("equal batches in use at first (the balanced split instead)", _BalancedFirst, "narx"),
     "abl-normal": ("the tails' scale (TAIL_SCALE = 1: normal tails)", _NormalTail, "narx"),
     "abl-spread50": ("the tail spread's 200-step memory and its debiasing (50 steps from zero)", _Spread50, "narx"),
     "abl-nosetup": ("the set-up cost of new batch shapes (ski rental and horizon)", _NoSetupCost, "narx"),

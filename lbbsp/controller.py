@@ -4,7 +4,8 @@ Every rank feeds its BalanceController the same gathered rows (lbbsp.exchange) a
 rows of step t decide step t + 1 + plan_ahead, so with plan_ahead = 1 the decision runs while step t + 1 does,
 off the critical path. A decision is published as a `Plan`, an immutable snapshot of what the train thread
 needs. Where a decision would take more than `budget` of the workers' compute time, decisions are made every
-`period` steps, set from the gathered rows, so alike on every rank.
+`period` steps, set from the gathered rows, so alike on every rank; a step that surprises the policy (a speed
+change) is decided on at once, and so is the step where that decision's plan runs.
 """
 import dataclasses
 import logging
@@ -121,7 +122,9 @@ class BalanceController:
                                                                          fallback=False))
         if decides:
             stats = dataclasses.replace(stats, elapsed=1 if self.decided_at is None else index - self.decided_at)
-            self.decided_at, self.next_decision = index, index + self.period(row.decision, row.compute)
+            # A surprise's splits are scored once its plan runs: decide again then.
+            early = stats.target if index < self.next_decision else math.inf
+            self.decided_at, self.next_decision = index, min(index + self.period(row.decision, row.compute), early)
             decided = self._guarded(self.policy.after_step, stats, next_global)
         else:
             # The first steps trace the train function (twice in Keras 2.15): their timings say nothing. Between

@@ -280,8 +280,9 @@ class LBBSPPolicy(Policy):
         # squared planning error of the tail's spread; the three candidates and the curves last planned with.
         self._errors, self._spread = np.zeros((3, bounds.num_workers)), np.zeros((2, bounds.num_workers))
         self._previous = np.full((6, bounds.num_workers), np.nan)
-        # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail), the splits proposed.
-        self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 1, {}, None
+        # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail; equal at first), the splits
+        # proposed.
+        self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 0, {}, None
         # Per worker: the current window's sum of log speeds, the mean of the last full window and of the one before.
         self._windows = np.vstack([np.zeros(bounds.num_workers), np.full((2, bounds.num_workers), np.nan)])
         self._window_steps = 0
@@ -348,8 +349,9 @@ class LBBSPPolicy(Policy):
     def _choose(self, stats, curves):
         """Of the equal split and the splits balancing the planned speeds and their tails, the one lately fastest:
         each is proposed for every step and scored once that step is measured (its slowest time at the measured
-        speeds); another replaces the one in use when it beats it by MARGIN. Among workers whose differences
-        are noise, the equal split wins; between workers that differ, a balanced one."""
+        speeds); another replaces the one in use when it beats it by MARGIN. The equal split is in use at first, as
+        in plain Horovod: the scores favour the split that ran (measured, where the others are modelled), so
+        among workers whose differences are noise it stays; between workers that differ, a balanced one wins."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
         tail = self.tail(speeds)

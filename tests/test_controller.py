@@ -97,9 +97,12 @@ def test_lbbsp_balances_fixed_costs_where_a_proportional_split_does_not():
     assert loop.c.policy.model.identified[0], "the fast worker's fixed cost, which the proportional split ignores"
 
 
-def test_lbbsp_follows_a_step_change_within_three_steps():
+def test_lbbsp_follows_a_step_change_within_four_steps_from_equal_batches_and_three_after():
     # Worker 1's speed drops 4x at step 20 and comes back at step 40 (a fixed cost of 10 samples); its forecasts
-    # lag as a smoothing forecaster's do (an EMA, one step old): the measured change wins at once.
+    # lag as a smoothing forecaster's do (an EMA, one step old): the measured change wins at once. The workers are
+    # alike until step 20, so equal batches are in use there: the balanced split made from step 20 is scored where
+    # it runs, at step 22, and taken from step 24. From then on a balanced split is in use and changes are
+    # followed from the second step after them.
     k, B = 10.0, 256
 
     def speeds(t):
@@ -112,7 +115,7 @@ def test_lbbsp_follows_a_step_change_within_three_steps():
         b = loop.step(lambda sizes: gathered(sent, (k + sizes) / v))
         sent, ema = ema, ema + 0.3 * (v - ema)
         eta.append(((B + 2 * k) / v.sum()) / np.max((k + b) / v))
-    assert min(eta[23:40]) >= 0.9 and min(eta[43:60]) >= 0.9, np.round(eta, 2)
+    assert min(eta[24:40]) >= 0.9 and min(eta[42:60]) >= 0.9, np.round(eta, 2)
 
 
 def test_the_workers_a_split_can_move_stay_balanced_while_one_held_at_b_min_is_the_slowest():
@@ -143,17 +146,18 @@ def test_each_worker_plans_with_its_forecast_where_that_has_lately_beaten_its_la
 
 
 def test_a_forecast_made_across_a_first_step_at_a_new_batch_size_is_not_planned_with():
-    # Worker 0's predictor foresees its speed and has been planned with. Its quota is then cut 4x at the step where
-    # it first runs 56 samples, which its forecaster does not measure (a GPU's set-up): the forecast it sends is the
-    # one made before. The model measures the step (a CPU's set-up is small), and the split plans with that.
+    # Worker 0's predictor foresees its speed and has been planned with; worker 1 runs at 0.8 of its speed, so a
+    # balanced split is in use. Worker 0's quota is then cut 4x at the step where it first runs 56 samples, which
+    # its forecaster does not measure (a GPU's set-up): the forecast it sends is the one made before. The model
+    # measures the step (a CPU's set-up is small), and the split plans with that.
     policy = LBBSPPolicy()
     policy.start(100, Bounds.of(2, 100))
     for t in range(30):
         speed = 1000.0 * np.exp(0.05 * np.sin(t))
-        policy.after_step(StepStats(t, np.array([50, 50]), np.array([50 / speed, 0.05]),
+        policy.after_step(StepStats(t, np.array([50, 50]), np.array([50 / speed, 0.0625]),
                                     np.array([1000.0 * np.exp(0.05 * np.sin(t + 1)), np.nan]), target=t + 2), 100)
     assert policy.planned_with[0] == 1
-    policy.after_step(StepStats(30, np.array([56, 44]), np.array([56 / 250.0, 0.044]), np.array([1000.0, np.nan]),
+    policy.after_step(StepStats(30, np.array([56, 44]), np.array([56 / 250.0, 0.055]), np.array([1000.0, np.nan]),
                                 target=32), 100)
     assert policy.planned_with[0] != 1 and policy.batches[0] < 30, policy.batches
 
@@ -385,6 +389,28 @@ def test_identical_gpus_keep_equal_batches_through_their_noise_and_a_slow_one_st
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_identical_cpu_workers_with_a_large_fixed_cost_stay_at_equal_batches_until_one_slows(seed):
+    # Two CPU workers of one speed whose step has a fixed part larger than its batch's (the example's MLP without
+    # quotas: 5.5 ms + 0.031 ms a sample), each step scattering by 10%. The fixed cost is not fitted at such noise
+    # (k stays 0), so the speeds measured at the split that ran favour that split in hindsight: started at the
+    # balanced split, the policy stayed off equal batches at 27-228 of 300 steps in seeds 0-2. Equal batches are
+    # in use until a balanced split has been faster; once a worker runs at 0.6 of the other's speed, it sheds
+    # samples.
+    rng = np.random.default_rng(seed)
+    slow = np.ones(2)
+
+    def times(t, batches):
+        if t == 300:
+            slow[1] = 1 / 0.6
+        return (0.0055 + 0.000031 * batches) * slow * np.exp(rng.normal(0, 0.1, 2))
+
+    splits, _ = _run(LBBSPPolicy(), times, 340, total=256, n=2)
+    off = [t for t in range(300) if (splits[t] != 128).any()]
+    assert len(off) <= 15, off
+    assert splits[-1][1] < 112 and splits[-1].sum() == 256, splits[-1]
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_identical_gpus_do_not_chase_stray_steps_that_last_a_step_and_a_slow_one_still_sheds_samples(seed):
     # Eight GPUs, every grid shape set up, steps quiet (0.5%) but for stray ones: each GPU takes 2-3x as long in
     # 5% of its steps, each time for one step (as on the H100's line). The noise test lets splits through that
@@ -436,8 +462,10 @@ def test_the_decision_period_keeps_a_decisions_cpu_within_its_budget():
 
 def test_decisions_over_budget_are_made_every_few_steps_alike_on_every_rank_and_at_once_on_a_change():
     # Decisions take 5% of the compute time against a 1% budget: one every 8 steps, from the rows of steps 0, 8,
-    # 16, ... Worker 1 slows down 4x at step 20, between two of them: that step is decided on at once (its split
-    # runs from step 22), and the period counts from there.
+    # 16, ... Worker 1 slows down 4x at step 20, between two of them: that step is decided on at once, and again
+    # at step 22, where that decision's plan runs and its splits are scored (the workers were alike, so equal
+    # batches are in use until a balanced split has been faster: taken from step 24). The period counts from
+    # there.
     k, B = 10.0, 256
 
     def speeds(t):
@@ -453,9 +481,9 @@ def test_decisions_over_budget_are_made_every_few_steps_alike_on_every_rank_and_
         splits.append(used[0])
         eta.append(((B + 2 * k) / v.sum()) / np.max((k + np.array(used[0])) / v))
     changed = [t for t in range(1, 60) if splits[t] != splits[t - 1]]
-    assert changed[0] == 22 and all((t - 22) % 8 == 0 for t in changed), changed
-    assert loops[0].c.next_decision == 60  # decisions from steps 0, 8, 16, 20, 28, ..., 52
-    assert min(eta[22:]) >= 0.9, np.round(eta, 2)
+    assert changed[0] == 24 and all((t - 24) % 8 == 0 for t in changed), changed
+    assert loops[0].c.next_decision == 62  # decisions from steps 0, 8, 16, 20, 22, 30, ..., 54
+    assert min(eta[24:]) >= 0.9, np.round(eta, 2)
 
 
 def test_state_round_trip_continues_identically():

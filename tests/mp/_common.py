@@ -43,19 +43,29 @@ def make_test_predictors():
     return RandomPredictor, FailingPredictor
 
 
+def balancing(policy_class):
+    """`policy_class` (lbbsp's policy or a subclass) always taking the split that balances its planned speeds: the
+    default starts at equal batches and leaves them once a balanced split has been faster in hindsight, which on
+    the tests' alike workers the timings' noise decides."""
+    from lbbsp.allocation import split
+
+    class Balancing(policy_class):
+        def _choose(self, stats, curves):
+            return split(int(self.batches.sum()), self.bounds, *curves), curves
+
+    return Balancing
+
+
 def trusting_policy(**kwargs):
     """lbbsp's policy, planning with every valid forecast (the default uses a worker's forecasts only where they
-    have lately beaten its measured level), always balancing the forecasts themselves (the default may choose the
-    equal split or the one balancing their tails, by how each has lately done, which the timings' noise sets)
-    and taking new batch shapes to cost nothing (where a first visit measures a set-up longer than a step,
-    the default values moves at the measured speed levels): the tests' predictors alone then set the split."""
+    have lately beaten its measured level), always balancing the forecasts themselves (`balancing`) and taking new
+    batch shapes to cost nothing (where a first visit measures a set-up longer than a step, the default values
+    moves at the measured speed levels): the tests' predictors alone then set the split."""
     import numpy as np
 
     from lbbsp.policies import LBBSPPolicy
 
-    class Trusting(LBBSPPolicy):
-        MARGIN = np.inf  # the balanced split is never replaced
-
+    class Trusting(balancing(LBBSPPolicy)):
         def curves(self, forecast, *measured):
             speeds, offsets, floors = super().curves(forecast, *measured)
             good = np.isfinite(forecast) & (np.asarray(forecast) > 0)

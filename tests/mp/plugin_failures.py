@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from _common import init_worker, sine_job
+from _common import balancing, init_worker, sine_job
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
@@ -49,9 +49,10 @@ class Unpicklable(SpeedPredictor):
         return self.history.last_valid()
 
 
-class Miscounting(LBBSPPolicy):
-    """LB-BSP, but every 10th decision's split holds one sample too many (decisions, not steps: with a decision
-    period, the steps decided on need not include any given step)."""
+class Miscounting(balancing(LBBSPPolicy)):
+    """LB-BSP always balancing its planned speeds (on these alike workers the default keeps equal batches), but every
+    10th decision's split holds one sample too many (decisions, not steps: with a decision period, the steps decided
+    on need not include any given step)."""
 
     decisions = 0
 
