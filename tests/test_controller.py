@@ -393,7 +393,7 @@ def test_identical_cpu_workers_with_a_large_fixed_cost_stay_at_equal_batches_unt
     # Two CPU workers of one speed whose step has a fixed part larger than its batch's (the example's MLP without
     # quotas: 5.5 ms + 0.031 ms a sample), each step scattering by 10%. The fixed cost is not fitted at such noise
     # (k stays 0), so the speeds measured at the split that ran favour that split in hindsight: started at the
-    # balanced split, the policy stayed off equal batches at 27-228 of 300 steps in seeds 0-2. Equal batches are
+    # balanced split, the policy stayed off equal batches at 27-233 of 300 steps in seeds 0-2. Equal batches are
     # in use until a balanced split has been faster; once a worker runs at 0.6 of the other's speed, it sheds
     # samples.
     rng = np.random.default_rng(seed)
