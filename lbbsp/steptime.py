@@ -205,13 +205,14 @@ class StepTimeModel:
         on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
         above = ok & ~on_floor
         resid = np.log(t / np.maximum(self.floors, line))
-        self.changed = above & np.isfinite(resid) & (np.abs(resid) > threshold)
+        scored = above & np.isfinite(resid)  # steps with a residual against the model
+        self.changed = scored & (np.abs(resid) > threshold)
         self.floors = np.where(self.changed, 0.0, self.floors)  # a floor measured under other contention
-        steady = above & np.isfinite(resid) & ~self.changed
+        steady = scored & ~self.changed
         # Every step feeds the spread, a departure as one at the threshold: fed by steady steps alone, the spread of
         # noise that crosses the threshold from the first steps stays below it, and every step reads as a change
         # (docs/method.md, section 1).
-        self.spread2 = np.where(above & np.isfinite(resid), self.spread2 + p.noise_rate * (
+        self.spread2 = np.where(scored, self.spread2 + p.noise_rate * (
             np.minimum(resid ** 2, threshold ** 2) - self.spread2), self.spread2)
         # A pair is two steps above the floor with none on the floor between them (a step without a measurement, a
         # set-up, is skipped). Across a visit to the floor the batch change holds the moves decided from the earlier
