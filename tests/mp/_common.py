@@ -43,29 +43,23 @@ def make_test_predictors():
     return RandomPredictor, FailingPredictor
 
 
-def balancing(policy_class):
-    """`policy_class` (lbbsp's policy or a subclass) always taking the split that balances its planned speeds: the
-    default starts at equal batches and leaves them once a balanced split has been faster in hindsight, which on
-    the tests' alike workers the timings' noise decides."""
-    from lbbsp.allocation import split
+def balancing_policy():
+    """lbbsp's policy always taking the split that balances its planned speeds: the simulator's `abl-mean`
+    (benchmarks.ablation). The default starts at equal batches and leaves them once a balanced split has been faster
+    in hindsight, which on the tests' alike workers the timings' noise decides."""
+    from benchmarks.ablation import ABLATIONS
 
-    class Balancing(policy_class):
-        def _choose(self, stats, curves):
-            return split(int(self.batches.sum()), self.bounds, *curves), curves
-
-    return Balancing
+    return ABLATIONS["abl-mean"][1]
 
 
 def trusting_policy(**kwargs):
     """lbbsp's policy, planning with every valid forecast (the default uses a worker's forecasts only where they
-    have lately beaten its measured level), always balancing the forecasts themselves (`balancing`) and taking new
-    batch shapes to cost nothing (where a first visit measures a set-up longer than a step, the default values
-    moves at the measured speed levels): the tests' predictors alone then set the split."""
+    have lately beaten its measured level), always balancing the forecasts themselves (`balancing_policy`) and
+    taking new batch shapes to cost nothing (where a first visit measures a set-up longer than a step, the default
+    values moves at the measured speed levels): the tests' predictors alone then set the split."""
     import numpy as np
 
-    from lbbsp.policies import LBBSPPolicy
-
-    class Trusting(balancing(LBBSPPolicy)):
+    class Trusting(balancing_policy()):
         def curves(self, forecast, *measured):
             speeds, offsets, floors = super().curves(forecast, *measured)
             good = np.isfinite(forecast) & (np.asarray(forecast) > 0)

@@ -14,11 +14,10 @@ import threading
 
 import numpy as np
 
-from _common import balancing, init_worker, sine_job
+from _common import balancing_policy, init_worker, sine_job
 
 hvd, tf = init_worker()
 import lbbsp.keras as lb  # noqa: E402
-from lbbsp.policies import LBBSPPolicy  # noqa: E402
 from horovod.tensorflow import allgather_object  # noqa: E402
 from predictor.base import SpeedPredictor  # noqa: E402
 
@@ -49,7 +48,7 @@ class Unpicklable(SpeedPredictor):
         return self.history.last_valid()
 
 
-class Miscounting(balancing(LBBSPPolicy)):
+class Miscounting(balancing_policy()):
     """LB-BSP always balancing its planned speeds (on these alike workers the default keeps equal batches), but every
     10th decision's split holds one sample too many (decisions, not steps: with a decision period, the steps decided
     on need not include any given step)."""
