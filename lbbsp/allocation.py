@@ -76,12 +76,8 @@ class Bounds:
 
 
 def default_multiple(global_batch, num_workers, largest=8, steps=8):
-    """The batch grid when none is given: the largest power of two q <= `largest` that divides the equal share
-    B / N and leaves it at least `steps` grid steps (B / N >= steps * q); 1 otherwise.
-
-    Equal batches then stay on the grid, and a worker's batch can still move in steps of at most 1 / `steps`
-    of its equal share: B = 256 gives q = 8 for 2 or 4 workers and q = 1 for 3.
-    """
+    """The batch grid when none is given: the largest power of two q <= `largest` that divides the equal share B / N
+    with B / N >= steps * q (equal batches stay on the grid, and a move can be 1 / `steps` of the share); else 1."""
     global_batch, num_workers = int(global_batch), int(num_workers)
     if num_workers < 1 or global_batch % num_workers:
         return 1
@@ -107,20 +103,16 @@ def step_times(batches, speeds, offsets, floors):
 
 
 def expected_slowest(times, noise):
-    """E[max_i t_i exp(s_i z_i)]: the slowest worker's expected time where worker i's time scatters lognormally by
-    s_i about t_i, estimated on `noise`, exp(s_i z_i) on rows of fixed standard normal draws z (one column per
-    worker), so that every rank estimates the same. Balancing brings more workers near the slowest, and the noise of
-    each then counts. `times` of several splits (one row each) gives one estimate per split."""
+    """E[max_i t_i exp(s_i z_i)]: the slowest worker's expected time where worker i's time scatters lognormally by s_i,
+    on `noise` = exp(s_i z_i) for fixed standard normal rows z (alike on every rank). Balancing brings more workers
+    near the slowest, and the noise of each then counts. `times` of several splits (rows): one estimate per split."""
     slowest = np.max(np.asarray(times, dtype=np.float64)[..., None, :] * noise, axis=-1)
     return np.mean(slowest, axis=-1) if slowest.ndim > 1 else float(np.mean(slowest))
 
 
 def _balance_time(total, lower, upper, k, v):
-    """The T where sum_i clip(v_i T - k_i, lower_i, upper_i) = total (piecewise linear, non-decreasing in T).
-
-    Worker i adds slope v_i between its breakpoints (lower_i + k_i) / v_i and (upper_i + k_i) / v_i; one sort
-    of the breakpoints gives the slope of every segment and the sum at each breakpoint.
-    """
+    """The T where sum_i clip(v_i T - k_i, lower_i, upper_i) = total: worker i adds slope v_i between its breakpoints
+    (lower_i + k_i) / v_i and (upper_i + k_i) / v_i; one sort gives every segment's slope and the sum at each."""
     points = np.concatenate([(lower + k) / v, (upper + k) / v])
     order = np.argsort(points, kind="stable")
     points = points[order]
@@ -154,11 +146,8 @@ def _first(keys, count):
 def _move(b, count, k, v, f, lo, hi, add):
     """`b` with `count` units added (to argmin t_i(b_i + 1)) or taken (from argmax t_i(b_i)), one at a time.
 
-    First, at once, the units the continuous problem moves (those whose time is below, or for taking above,
-    its finish time: the greedy moves all of them); then the rest one at a time. Each worker's candidates are
-    taken in order (its times are monotone in its batch), so that greedy equals taking the best of all
-    candidates, the first few per worker. Where floors bind, every split within the capacities is optimal
-    and taking only orders the ties.
+    First, at once, the units the continuous problem moves (the greedy moves all of them); then the rest. A worker's
+    times are monotone in its batch, so greedy equals taking the best of all candidates, the first few per worker.
     """
     total = int(b.sum()) + (count if add else -count)
     if count > b.size:
@@ -189,11 +178,8 @@ def _move(b, count, k, v, f, lo, hi, add):
 
 
 def split(total, bounds, speeds, offsets, floors):
-    """Integer batches minimising max_i t_i(b_i) with sum(b) = `total`, within `bounds` and on its grid.
-
-    `speeds` > 0, `offsets` >= 0 and `floors` >= 0 must be clean (see `sanitize`). A `total` that is not a
-    multiple of the grid hands its remainder out sample by sample.
-    """
+    """Integer batches minimising max_i t_i(b_i) with sum(b) = `total`, within `bounds` and on its grid (a remainder
+    off the grid is handed out sample by sample). `speeds` > 0, `offsets` >= 0 and `floors` >= 0 must be clean."""
     lo, hi, q = bounds.grid(total)
     units = total // q
     k, v = offsets / q, speeds / q  # the same curves in units of q samples

@@ -1,11 +1,10 @@
 """The per-step decision of load-balanced BSP without Keras (the balancer, the simulator and the replay drive it).
 
-Every rank feeds its BalanceController the same gathered rows (lbbsp.exchange) and reaches the same split. The
-rows of step t decide step t + 1 + plan_ahead, so with plan_ahead = 1 the decision runs while step t + 1 does,
-off the critical path. A decision is published as a `Plan`, an immutable snapshot of what the train thread
-needs. Where a decision would take more than `budget` of the workers' compute time, decisions are made every
-`period` steps, set from the gathered rows, so alike on every rank; a step that surprises the policy (a speed
-change) is decided on at once, and so is the step where that decision's plan runs.
+Every rank feeds its BalanceController the same gathered rows (lbbsp.exchange) and reaches the same split. The rows
+of step t decide step t + 1 + plan_ahead, off the critical path, published as a `Plan`: an immutable snapshot of
+what the train thread needs. Where a decision would take more than `budget` of the workers' compute time, decisions
+are made every `period` steps (set from the gathered rows, so alike on every rank); a step that surprises the policy
+is decided on at once, and so is the step where that decision's plan runs.
 """
 import dataclasses
 import logging
@@ -26,7 +25,7 @@ __all__ = ["BalanceController", "Plan", "DECISION_BUDGET", "MAX_PERIOD"]
 
 log = logging.getLogger(__name__)
 
-#: Default share of the workers' compute time one decision's CPU may take per step (the forecast's budget).
+#: Default share of the workers' compute time one decision's CPU may take per step.
 DECISION_BUDGET = 0.01
 #: Most steps a split holds between decisions.
 MAX_PERIOD = 64
@@ -40,8 +39,8 @@ def _frozen(values, dtype):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The split of step (epoch, step) with what the train thread needs: each worker's fixed cost in samples (for
-    its batch-free speed), the split's digest, and the CPU seconds of this rank's latest decision."""
+    """The split of step (epoch, step), each worker's fixed cost in samples (for its batch-free speed), the split's
+    digest, and the CPU seconds of this rank's latest decision."""
 
     epoch: int
     step: int
@@ -51,7 +50,6 @@ class Plan:
     digest: float = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self):
-        # Computed here, on the deciding thread, not in every step's row on the train thread.
         object.__setattr__(self, "digest", split_digest(self.sizes))
 
     @property
@@ -74,12 +72,9 @@ class BalanceController:
         return self.policy.uses_forecast
 
     def start(self, schedule, bounds, epoch=0, step=0, warm_shapes=(), gpu=False):
-        """Reset per-run state; return the Plans of the first 1 + plan_ahead steps.
-
-        `schedule`: the global batch of each step of an epoch, or an `lbbsp.sharding.EpochSchedule` (whose
-        resumed epoch may be shorter); `bounds`: lbbsp.allocation.Bounds; `warm_shapes`: batch sizes every
-        worker has set up before training; `gpu`: some worker trains on a GPU.
-        """
+        """Reset per-run state; return the Plans of the first 1 + plan_ahead steps. `schedule`: the global batch of
+        each step of an epoch, or an `lbbsp.sharding.EpochSchedule`; `bounds`: lbbsp.allocation.Bounds;
+        `warm_shapes`: batch sizes every worker has set up; `gpu`: some worker trains on a GPU."""
         if not isinstance(schedule, EpochSchedule):
             schedule = EpochSchedule.from_steps(schedule)
         if not isinstance(bounds, Bounds):
@@ -104,9 +99,8 @@ class BalanceController:
                 for key in keys]
 
     def decide(self, epoch, step, gathered, sizes):
-        """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with
-        `sizes`; and the StepStats of the measured step (`elapsed` 0 where no decision was made: warm-up, or a
-        step between decisions)."""
+        """The Plan of step (epoch, step) + 1 + plan_ahead from the gathered rows of (epoch, step), run with `sizes`;
+        and the measured step's StepStats (`elapsed` 0 where no decision was made)."""
         started = time.thread_time()
         row = unpack(np.asarray(gathered, dtype=np.float64).reshape(self.size, -1))
         key = self.schedule.after(epoch, step, 1 + self.plan_ahead)
@@ -116,7 +110,6 @@ class BalanceController:
         stats = StepStats(step=index, batches=np.asarray(sizes, dtype=np.int64).copy(), compute=row.compute,
                           forecast=row.forecast, target=self.schedule.index(*key),
                           horizon=self.schedule.steps_in(key[0]) - key[1], elapsed=0)
-        # Between decisions a step that surprises the policy (a speed change) is decided on at once.
         decides = self.steps_seen > self.warmup_steps and (index >= self.next_decision or
                                                            self._guarded(self.policy.surprised, stats,
                                                                          fallback=False))
@@ -127,8 +120,7 @@ class BalanceController:
             self.decided_at, self.next_decision = index, min(index + self.period(row.decision, row.compute), early)
             decided = self._guarded(self.policy.after_step, stats, next_global)
         else:
-            # The first steps trace the train function (twice in Keras 2.15): their timings say nothing. Between
-            # decisions the split holds.
+            # Warm-up steps trace the train function: their timings say nothing. Between decisions the split holds.
             self._guarded(self.policy.seen, stats.batches, fallback=False)
             decided = self._guarded(self.policy.resize, next_global)
         if key[1] == 0:
@@ -138,8 +130,8 @@ class BalanceController:
         return self._plan(key, decided), stats
 
     def period(self, costs, compute):
-        """Steps the split decided now holds: 1 while the ranks' median decision CPU time `costs` is within `budget`
-        of the median `compute` time, else the power of two that brings it within (at most MAX_PERIOD)."""
+        """Steps the split decided now holds: 1 while the ranks' median decision CPU time is within `budget` of the
+        median compute time, else the power of two that brings it within (at most MAX_PERIOD)."""
         cost, step = float(np.median(costs)), float(np.median(compute))
         period = 1
         if self.budget is not None and cost > self.budget * step > 0:  # NaN anywhere: every step
@@ -155,9 +147,8 @@ class BalanceController:
 
     def _guarded(self, decide, *args, fallback=None):
         """A policy call that raises answers `fallback`; without one it must return a split of the global batch
-        `args[-1]` within the bounds, else the split of the latest step planned holds (resized). Training goes on,
-        with one warning; every rank fails alike on the same numbers, and a failure that differs shows in the
-        digests."""
+        `args[-1]` within the bounds, else the latest split holds (resized). One warning; every rank fails alike on
+        the same numbers, and a failure that differs shows in the digests."""
         try:
             out = decide(*args)
             if fallback is None:
@@ -200,9 +191,9 @@ class BalanceController:
         self.decided_at, self._held = state.get("decided_at"), self.policy.batches.copy()
 
     def rejoin(self, state, old_workers, new_workers):
-        """Continue from `state()` saved with workers `old_workers` (stable ids) on `new_workers`; call after
-        `start` (the new size and schedule). A worker in both keeps its estimates, a newcomer starts from the
-        mean of the others' (lbbsp.membership). Returns each new worker's index among the old ones (-1: new)."""
+        """Continue (after `start`) from `state()` saved with workers `old_workers` (stable ids) on `new_workers`: a
+        worker in both keeps its estimates, a newcomer starts from the others' mean. Returns each new worker's index
+        among the old ones (-1: new)."""
         self._check(state)
         index = worker_index(old_workers, new_workers)
         self.policy.rejoin(state["state"], index, int(self.policy.batches.sum()))

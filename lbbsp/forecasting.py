@@ -1,7 +1,7 @@
 """One worker's forecast of its next batch-free speed (b + k) / t, guarded so that it never fails a step.
 
-A forecast runs on the step's critical path: where the predictor costs more than `budget` of the worker's
-compute time, the worker forecasts its last measured speed instead (docs/method.md, section 2).
+A forecast runs on the step's critical path: where the predictor costs more than `budget` of the worker's compute
+time, the worker forecasts its last measured speed instead (docs/method.md, section 2).
 """
 import collections
 import logging
@@ -18,8 +18,7 @@ __all__ = ["Forecaster", "FORECAST_BUDGET"]
 
 log = logging.getLogger(__name__)
 
-#: Default share of a worker's compute time its predictor may take per step (its gain over the last speed is
-#: a few per cent of forecast error, worth about that share of a step).
+#: Default share of a worker's compute time its predictor may take per step.
 FORECAST_BUDGET = 0.01
 #: Recent measurements (predictor cost, compute time) whose median the budget compares.
 _TIMINGS = 5
@@ -28,12 +27,11 @@ _TIMINGS = 5
 class Forecaster:
     """Runs a `predictor.SpeedPredictor` on one worker's batch-free speeds; never raises, never returns junk.
 
-    An exception, or a forecast that is not a positive number or lies `absurd` times outside the speeds
-    measured, gives the last good forecast (one warning per kind). The predictor's cost (with the readings it
-    needs) is the larger of its median wall time and its median CPU time over the worker's share of a core (a
-    CPU quota stretches CPU time into wall time); over `budget` of the median compute time, the forecast is
-    the last speed and the predictor is re-timed every `probe_every` steps (`budget=None`: always run it).
-    Only the gathered forecasts enter the decision, so a rank's own clock cannot make ranks disagree.
+    An exception, or a forecast that is not a positive number or lies `absurd` times outside the speeds measured,
+    gives the last good forecast (one warning per kind). The predictor's cost (with its readings) is the larger of
+    its median wall time and its median CPU time over the worker's share of a core; over `budget` of the median
+    compute time, the forecast is the last speed and the predictor is re-timed every `probe_every` steps (`budget=None`:
+    always run it). Only the gathered forecasts enter the decision, so a rank's clock cannot make ranks disagree.
     """
 
     def __init__(self, predictor="narx", absurd=10.0, budget=FORECAST_BUDGET, probe_every=32,
@@ -52,8 +50,7 @@ class Forecaster:
         return self.predictor.name
 
     def use_device(self, gpu):
-        """A predictor given by name forecasts with its model for the device the worker trains on (the GPU
-        NARX reads the GPU's readings); an instance is kept as it is."""
+        """A predictor given by name takes its model for the worker's device; an instance is kept as it is."""
         if self._named is not None:
             wanted = make_predictor(self._named, device="gpu" if gpu else "cpu")
             if type(wanted) is not type(self.predictor) or getattr(wanted, "device", None) != \
@@ -99,8 +96,8 @@ class Forecaster:
 
     @property
     def wants_features(self):
-        """Whether the coming step's machine readings will be read: always, except while the predictor is
-        over budget and the step lies outside the window of its next re-timing."""
+        """Whether the coming step's readings are needed: not while the predictor is over budget, outside the window
+        of its next re-timing."""
         lead = getattr(getattr(self.predictor, "spec", None), "delays", 0)
         return not self._over or self._since_model + 1 + lead >= self.probe_every
 
@@ -130,16 +127,11 @@ class Forecaster:
 
     def update(self, batch, compute, offset=0.0, features=None, cpu_share=1.0, features_cost=(0.0, 0.0)):
         """Feed one step (batch samples in `compute` seconds, fixed cost `offset` samples); return the forecast.
-
-        `cpu_share`: the share of a core this worker may use (its CPU quota,
-        at most 1), by which the predictor's CPU time stretches into wall time.
-        `features_cost`: (wall, CPU) seconds that reading `features` took,
-        counted in the cost of a predictor that uses them.
-        """
+        `cpu_share`: the share of a core this worker may use (its CPU quota, at most 1); `features_cost`: (wall, CPU)
+        seconds that reading `features` took, counted in the cost of a predictor that uses them."""
         self._cpu_share = float(cpu_share) if 0.0 < cpu_share <= 1.0 else 1.0
         if int(batch) not in self.shapes:
-            # The first step at a batch size this worker has not run includes that shape's set-up (cuDNN
-            # autotuning: seconds on a GPU): no measurement of its speed; the forecast stays the last one.
+            # A first step at a batch size includes the shape's set-up: no measurement of speed.
             self.shapes.add(int(batch))
             self._observe(math.nan, features)
             return self.last_good if is_valid_speed(self.last_good) else self.last_speed

@@ -18,10 +18,9 @@ __all__ = ["StepStats", "proportional", "Policy", "EqualPolicy", "FixedPolicy", 
 
 @dataclasses.dataclass(frozen=True)
 class StepStats:
-    """What every worker measured in one step (arrays of length N). `step`: steps since training began;
-    `target`: the step being decided; `horizon`: steps from it to its epoch's end (None: unknown); `elapsed`:
-    steps since the previous decision, which the measured step stands for (0: no decision from this step).
-    """
+    """What every worker measured in one step (arrays of length N). `step`: steps since training began; `target`:
+    the step being decided; `horizon`: steps from it to its epoch's end (None: unknown); `elapsed`: steps since the
+    previous decision, which the measured step stands for (0: no decision from this step)."""
 
     step: int
     batches: np.ndarray
@@ -69,8 +68,7 @@ class Policy:
         return proportional(total, self.bounds, shares)
 
     def _equal(self, total):
-        """The equal split of `total` within the bounds, computed once per total (lbbsp's policy proposes it at every
-        decision)."""
+        """The equal split of `total` within the bounds (cached: lbbsp's policy proposes it at every decision)."""
         if total not in self._equals:
             self._equals[total] = self._split(np.ones(self.num_workers), total)
         return self._equals[total].copy()
@@ -85,8 +83,7 @@ class Policy:
         """The batches every worker ran in a step, also one whose timings are not used (warm-up)."""
 
     def prepare(self, warm_shapes=(), gpu=False):
-        """What the job knows before training: the batch sizes every worker has set up, and whether some worker
-        trains on a GPU."""
+        """Before training: the batch sizes every worker has set up; whether some worker trains on a GPU."""
 
     def surprised(self, stats):
         """Whether a step between decisions (lbbsp.controller's period) calls for a decision at once."""
@@ -114,11 +111,8 @@ class Policy:
             setattr(self, name, np.array(state[name]))
 
     def rejoin(self, state, index, global_batch):
-        """Continue from `state()` of another set of workers; new worker j was old worker `index[j]` (-1: new).
-
-        Call after `start` for the new set. Per-worker state follows its worker (lbbsp.membership); the new
-        split keeps the old batches as shares, a newcomer's their mean.
-        """
+        """Continue (after `start`) from `state()` of another set of workers; new worker j was old worker `index[j]`
+        (-1: new). Per-worker state follows its worker; the old batches become shares, a newcomer's their mean."""
         moved = remap(state, index, dict(self.PER_WORKER, batches="mean"))
         self.load_state(dict(moved, batches=self.batches))
         self.batches = self._split(moved["batches"].astype(np.float64), global_batch)
@@ -205,13 +199,9 @@ class DBSPolicy(Policy):
 
 
 class PIDPolicy(Policy):
-    """Dynamic batching with a PID controller on the compute-time imbalance, with a deadband.
-
-    The error of worker i is e_i = log(t_mean / t_i); its batch is multiplied by exp(kp e_i + ki sum(e_i) +
-    kd delta(e_i)), then renormalised to the global batch within the bounds. With kp=1 and ki=kd=0 this is the
-    literature's b_i <- b_i * t_mean / t_i. The update is applied only when some worker's relative change
-    exceeds `deadband` (0.2 in the original code).
-    """
+    """A PID controller on the compute-time imbalance: worker i's batch times exp(kp e_i + ki sum(e_i) + kd delta(e_i)),
+    e_i = log(t_mean / t_i), renormalised; kp=1, ki=kd=0 is the literature's b_i <- b_i t_mean / t_i. Applied only
+    when some worker's batch changes by more than `deadband` (0.2 in the original code)."""
 
     name = "pid"
     PER_WORKER = {"_integral": 0.0, "_last_error": 0.0}
@@ -240,30 +230,26 @@ class PIDPolicy(Policy):
 class LBBSPPolicy(Policy):
     """LB-BSP: the min-max split of the predicted step times, taken where it pays (docs/method.md).
 
-    Each worker is planned at its forecast, its last speed or its running mean speed (on CPU workers the last
-    speed: StepTimeParams.mean_rate), whichever has lately been closest; of the split balancing those speeds,
-    the one balancing their tails and the equal split, the one lately fastest in hindsight is the target; it is
+    Each worker is planned at its forecast, last speed or running mean speed, whichever has lately been closest. Of
+    the equal split and those balancing the planned speeds and their tails, the one lately fastest is the target,
     taken when it saves more than `min_gain` of the step and its new batch shapes pay for their set-up within
-    `horizon` steps (None: the epoch's rest), judged at the workers' lasting speeds (`WINDOW`).
-    `model`: StepTimeParams or a dict of its fields.
-    """
+    `horizon` steps (None: the epoch's rest). `model`: StepTimeParams or a dict of its fields."""
 
     name = "lbbsp"
     uses_forecast = True
     PER_WORKER = {"_errors": "mean", "_spread": "mean", "_previous": np.nan, "_windows": "mean"}
-    #: Weight of the newest step in the running |log error| that picks forecast, last or mean speed for each worker.
+    #: Weight of the newest step in the running |log error| of each worker's forecast, last and mean speed.
     SCORE_RATE = 0.1
-    #: Weight of the newest step in a worker's running squared planning error (the tail's spread): which workers
-    #: are erratic lasts, so a memory of about 200 steps, debiased by the weight the mean has had.
+    #: Weight of the newest step in a worker's running squared planning error (the tail's spread; debiased).
     SPREAD_RATE = 0.005
-    #: The tail split plans each worker TAIL_SCALE sqrt(2 ln N) spreads slow: a normal's largest of N draws,
-    #: scaled for step-time noise's heavier tails.
+    #: The tail split plans each worker TAIL_SCALE sqrt(2 ln N) spreads slow (a normal's largest of N draws, scaled
+    #: for heavier tails).
     TAIL_SCALE = 1.25
-    #: Weight of the newest step in each candidate split's running log step time (against the balanced split's), and
-    #: the margin by which another must beat the one in use to replace it (a switch moves the split: not worth a hair).
+    #: Weight of the newest step in each candidate split's running log time, and the margin by which another must
+    #: beat the one in use to replace it.
     CHOICE_RATE, MARGIN = 0.05, 0.01
-    #: Steps per window of the lasting speeds (each worker's mean log speed over a window): longer than a run of stray
-    #: steps, so that a move whose set-up costs more than a step is valued at speeds that last.
+    #: Steps per window of the lasting speeds (each worker's mean log speed over a window), at which a move whose
+    #: set-up costs more than a step is valued.
     WINDOW = 50
     #: Fixed normal draws per worker on which a lasting move's expected slowest time is estimated.
     DRAWS = 256
@@ -276,14 +262,13 @@ class LBBSPPolicy(Policy):
     def start(self, global_batch, bounds):
         self.model.start(bounds.num_workers)
         self._curves, self._regret, self._proposal = None, 0.0, None
-        # Per worker: the running |log error| of its forecast, last speed and mean speed; the running weight and
-        # squared planning error of the tail's spread; the three candidates and the curves last planned with.
+        # Per worker: the running |log error| of forecast, last and mean speed; the tail spread's running weight and
+        # squared error; the three candidates and the curves last planned with.
         self._errors, self._spread = np.zeros((3, bounds.num_workers)), np.zeros((2, bounds.num_workers))
         self._previous = np.full((6, bounds.num_workers), np.nan)
-        # The candidate splits' scores and the one in use (0 equal, 1 balanced, 2 tail; equal at first), the splits
-        # proposed.
+        # The candidate splits' scores, the one in use (0 equal, 1 balanced, 2 tail) and the splits proposed.
         self._scores, self._chosen, self._proposals, self._bought = np.zeros(3), 0, {}, None
-        # Per worker: the current window's sum of log speeds, the mean of the last full window and of the one before.
+        # Per worker: the current window's sum of log speeds, the means of the last two full windows.
         self._windows = np.vstack([np.zeros(bounds.num_workers), np.full((2, bounds.num_workers), np.nan)])
         self._window_steps = 0
         self._draws = np.random.default_rng(0).standard_normal((self.DRAWS, bounds.num_workers))
@@ -298,10 +283,9 @@ class LBBSPPolicy(Policy):
             self.model.seen(np.full(self.num_workers, int(shape)))
 
     def curves(self, forecast, batches=None, compute=None):
-        """(speeds, offsets, floors) to plan with: each worker's forecast, last speed or running mean speed, whichever
-        has lately been closest to its measured speed (all three scored every step; a tie goes to the last speed, then
-        the forecast). `batches`, `compute`: the step just measured, which also scores the planning error as
-        predicted over measured time (a time: a refitted fixed cost changes what a speed means)."""
+        """(speeds, offsets, floors) to plan with: each worker's forecast, last or running mean speed, whichever has
+        lately been closest to its measured speed. `batches`, `compute`: the step just measured, which also scores
+        the planning error in time (a refitted fixed cost changes what a speed means)."""
         forecast = np.asarray(forecast, dtype=np.float64)
         last, measured = self.model.speeds, self.model.measured
         mean = np.where(np.isfinite(self.model.means), self.model.means, last)
@@ -316,7 +300,6 @@ class LBBSPPolicy(Policy):
         if batches is not None:
             squared = np.array([np.ones_like(errors[3]), errors[3] ** 2])
             self._spread += np.where(seen[3], self.SPREAD_RATE * (squared - self._spread), 0.0)
-        # _choice picks the forecast only where it is a speed
         speeds = sanitize(np.choose(self._choice(forecast), [last, forecast, mean]), 1.0)
         offsets, floors = sanitize(self.model.offsets, 0.0, positive=False), sanitize(self.model.floors, 0.0,
                                                                                        positive=False)
@@ -336,22 +319,20 @@ class LBBSPPolicy(Policy):
 
     @property
     def planning_spread2(self):
-        """Each worker's squared planning-error spread: its running mean squared log error over the weight that mean
-        has had (0 before any error)."""
+        """Each worker's squared planning-error spread, debiased by the weight its mean has had (0 before any)."""
         weight, squared = self._spread
         return np.divide(squared, weight, out=np.zeros_like(squared), where=weight > 0)
 
     def tail(self, speeds):
-        """`speeds` planned for the slowest of N draws: each worker's at exp(-z s_i), z = TAIL_SCALE sqrt(2 ln N), s_i
-        the root of its `planning_spread2`."""
+        """`speeds` planned for the slowest of N draws: each at exp(-z s_i), z = TAIL_SCALE sqrt(2 ln N), s_i^2 its
+        `planning_spread2`."""
         return speeds * np.exp(-self.TAIL_SCALE * np.sqrt(2.0 * np.log(max(speeds.size, 2)) * self.planning_spread2))
 
     def _choose(self, stats, curves):
         """Of the equal split and the splits balancing the planned speeds and their tails, the one lately fastest:
-        each is proposed for every step and scored once that step is measured (its slowest time at the measured
-        speeds); another replaces the one in use when it beats it by MARGIN. The equal split is in use at first, as
-        in plain Horovod: the scores favour the split that ran (measured, where the others are modelled), so
-        among workers whose differences are noise it stays; between workers that differ, a balanced one wins."""
+        each is scored once the step it was proposed for is measured (its slowest time at the measured speeds), and
+        replaces the one in use when it beats it by MARGIN. Equal batches are in use at first: the scores favour the
+        split that ran (measured, the others modelled), so among workers that differ only by noise it stays."""
         total = int(self.batches.sum())
         speeds, offsets, floors = curves
         tail = self.tail(speeds)
@@ -380,8 +361,7 @@ class LBBSPPolicy(Policy):
 
     def after_step(self, stats, next_global_batch):
         new = self.model.update(stats.batches, stats.compute)
-        # A worker's first step at a batch size is no measurement to its forecaster (a GPU's set-up): its forecast is
-        # the one made before the step, and no candidate to plan at.
+        # A forecast sent with a first step at a batch size predates that step: not a candidate.
         forecast = np.where(new, np.nan, stats.forecast)
         self._window(stats.elapsed)
         mean = self.curves(forecast, stats.batches, stats.compute)
@@ -393,9 +373,8 @@ class LBBSPPolicy(Policy):
 
     def _saving(self, split_, curves, noise=None):
         """Each worker's time in the current split, and the seconds `split_` saves at `curves` on the slowest worker
-        it can move: one at its lower bound in both splits takes as long whatever the split, and balancing the
-        others keeps them clear of it as their speeds drift. `noise` (`_noise`): the saving in the expected slowest
-        time, each worker's time scattering by its step-to-step spread (`expected_slowest`)."""
+        it can move (one at its lower bound in both takes as long whatever the split). `noise` (`_noise`): the
+        saving in the expected slowest time."""
         times, after = step_times(self.batches, *curves), step_times(split_, *curves)
         lower, _, q = self.bounds.grid(int(self.batches.sum()))
         free = (self.batches > lower * q) | (split_ > lower * q)
@@ -411,13 +390,12 @@ class LBBSPPolicy(Policy):
         return np.exp(np.sqrt(self.model.spread2) * self._draws)
 
     def _move(self, target, mean, stats):
-        """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new batch
-        shape. One that does is taken once its set-up (done in parallel) is paid twice: by the saving forgone while the
-        move stayed worth making (ski rental), and by the saving over the horizon. Savings are at the planned (`mean`)
-        speeds: the tails say where to split, not what a move saves. A move whose set-up costs more than a step is split
-        at the lasting speeds and valued there in the expected slowest time under each worker's noise, over as much of
-        the horizon as the speeds' pattern lasts (`_lasting_steps`); until it is bought, and where it needs no new
-        shape, a split already set up is taken where it pays at the planned speeds (`_free`)."""
+        """The split to take now, or None: `target` where it saves more than min_gain of the step and needs no new
+        shape. One that does is taken once its set-up is paid twice: by the saving forgone while the move stayed
+        worth making (ski rental), and by the saving over the horizon, both at the planned (`mean`) speeds. A move
+        whose set-up costs more than a step is split and valued at the lasting speeds, in the expected slowest time
+        under the workers' noise, over as much of the horizon as their pattern lasts; until it is bought, a split
+        already set up is taken where it pays (`_free`)."""
         times, saving = self._saving(target, self._curves)
         setup = self.setup_cost(target)
         lasting = saving > self.min_gain * times.max() and setup > times.max()
@@ -430,15 +408,13 @@ class LBBSPPolicy(Policy):
                 self._regret, self._proposal = 0.0, None
                 return self._free(planned, now, target)
             noise = self._noise()  # once for every saving this decision values
-            times, saving = self._saving(target, mean, noise)
-            setup = self.setup_cost(target)
+            times, saving = self._saving(target, mean, noise)  # the set-up is the same: both splits need new shapes
         if not saving > self.min_gain * times.max() or setup == 0:
             self._regret, self._proposal = 0.0, None
             return target if saving > self.min_gain * times.max() else None
         if not lasting:  # a lasting move's are at `mean` already
             times, saving = self._saving(target, mean)
-        # Still worth making while the previous proposal would save more than min_gain (noise moves the best
-        # split, not the worth of moving).
+        # Still worth making while the previous proposal would save more than min_gain.
         same = self._proposal is not None and \
             self._saving(self._proposal, mean, noise)[1] > self.min_gain * times.max()
         self._regret, self._proposal = (self._regret if same else 0.0) + saving * stats.elapsed, target
@@ -467,12 +443,10 @@ class LBBSPPolicy(Policy):
         return self._windows[0] / self._window_steps
 
     def _lasting_steps(self, horizon):
-        """Steps of a lasting move's saving within `horizon`: the workers' pattern of lasting speeds (log, centred)
-        carries over from one window to the next with correlation rho, so a saving decays as rho^(steps / WINDOW).
-        Among workers that differ for good (generations of GPUs) rho is about 1; among co-tenants that come and go,
-        far less. Until two windows are full, the pattern is read between the last full window and the steps since,
-        from half a window on; before that, nothing lasts (taken to last, 1024 H100 co-tenant GPUs bought shapes
-        that did not pay: docs/ablation.md)."""
+        """Steps of a lasting move's saving within `horizon`: the workers' pattern of lasting log speeds carries over
+        from one window to the next with correlation rho, so a saving decays as rho^(steps / WINDOW) (rho is about 1
+        between generations of GPUs, far less among co-tenants that come and go). Until two windows are full it is
+        read between the last full window and the steps since, from half a window on; before that nothing lasts."""
         pair = self._windows[1:]
         if not np.isfinite(pair[1]).all():
             if not (np.isfinite(pair[0]).all() and 2 * self._window_steps >= self.WINDOW):
@@ -488,8 +462,8 @@ class LBBSPPolicy(Policy):
         return min(horizon, self.WINDOW * (1.0 - rho ** (horizon / self.WINDOW)) / -np.log(rho))
 
     def _free(self, curves, now, also=None):
-        """The equal split, the last split bought or `also`, whichever saves more at `curves`, where every worker has
-        its shapes set up and it saves more than min_gain of the step `now` (moving then costs nothing)."""
+        """Of the equal split, the last split bought and `also`, those every worker has set up, the one saving most at
+        `curves` where it saves more than min_gain of the step `now`."""
         total = int(self.batches.sum())
         free = [s for s in (self._equal(total), self._bought, also)
                 if s is not None and s.sum() == total and not self.model.new_shapes(s).any()]

@@ -1,11 +1,9 @@
 """Online per-worker step-time model t_i(b) = max(f_i, (k_i + b) / v_i) (numpy only; one instance, all workers).
 
-v_i is the batch-free speed (k_i + b) / t of the worker's last step above its floor: contention moves v_i,
-the split moves b. k_i (the fixed cost in samples) is an instrumental-variables fit over pairs of steps above
-the floor with none on it between them, pooled across GPU workers by empirical Bayes; f_i, on GPU workers
-only, a kernel-launch floor: the time of a step whose batch fell without its time. A step far off its
-prediction beyond noise is a speed change; the first step at a new batch shape measures its set-up. Every
-rank fits the same gathered numbers, so all hold the same model (docs/method.md, section 1).
+v_i: the batch-free speed (k_i + b) / t of the worker's last step above its floor. k_i: the fixed cost in samples,
+an instrumental-variables fit over pairs of steps above the floor (pooled across GPU workers). f_i (GPU workers):
+the time of a step whose batch fell without its time. A step off its prediction beyond noise is a speed change;
+a first step at a new batch shape measures the shape's set-up. See docs/method.md, section 1.
 """
 import dataclasses
 import math
@@ -17,12 +15,11 @@ from .checks import number
 
 __all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE", "GPU_OFFSET_SHARE"]
 
-#: Seconds a new batch shape is taken to cost on a GPU worker until one is measured (cuDNN autotuning).
+#: Seconds a new batch shape costs a GPU worker until one is measured (cuDNN autotuning).
 GPU_SHAPE_COST = 4.0
-#: Weight of the newest step in a GPU worker's running mean speed (docs/gpu.md, "A running mean speed").
+#: Weight of the newest step in a GPU worker's running mean speed.
 GPU_MEAN_RATE = 0.2
-#: A GPU worker's fixed cost k until it is fitted, as a share of the equal batch: a GPU step has a fixed part
-#: (kernel launches, the optimizer's update), and before any move k cannot be fitted (docs/gpu.md, "A prior for k").
+#: A GPU worker's k until it is fitted, as a share of the equal batch (kernel launches, the optimizer's update).
 GPU_OFFSET_SHARE = 0.2
 
 
@@ -33,24 +30,20 @@ def batch_free_speed(batch, compute, offset=0.0):
 
 @dataclasses.dataclass(frozen=True)
 class StepTimeParams:
-    """The step-time model's parameters, each with its meaning (checked on construction)."""
+    """The step-time model's parameters (checked on construction). None: the default of the workers' device."""
 
-    forgetting: float = 0.98  # weight of the past per step in the fixed cost's sums (memory ~ 50 steps)
-    min_spread: float = 0.05  # rms batch change between steps, relative to the batch, below which k is not fitted
-    max_error: float = 0.25  # a fit of k taken alone (CPU workers, or under three GPU fits) needs its standard
-    # error below this fraction of the batch
+    forgetting: float = 0.98  # weight of the past per step in the sums that fit k
+    min_spread: float = 0.05  # rms relative batch change between steps below which k is not fitted
+    max_error: float = 0.25  # standard error (share of the batch) below which a fit of k is taken alone
     max_offset: float = 16.0  # cap on k in units of the worker's mean batch
-    offset: float = None  # k in samples until it is fitted (None: 0 on CPU workers, where splits are then
-    # proportional to measured samples/s, and GPU_OFFSET_SHARE of the equal batch on GPU workers)
-    change: float = 0.25  # |log(t / predicted t)| beyond max(change, sigmas x spread) is a speed change
-    sigmas: float = 4.0  # spreads of step-to-step noise that a change must exceed
+    offset: float = None  # k until fitted: 0 on CPU workers, GPU_OFFSET_SHARE of the equal batch on GPUs
+    change: float = 0.25  # |log(t / predicted)| beyond max(change, sigmas x spread) is a speed change
+    sigmas: float = 4.0
     noise_rate: float = 0.2  # weight of the newest squared log residual in a worker's spread
-    shape_cost: float = None  # seconds a new batch shape costs until one is measured (None: 0 on CPU workers,
-    # GPU_SHAPE_COST on GPU workers)
-    mean_rate: float = None  # weight of the newest step in a worker's running mean speed, which the policy may plan
-    # with (None: 1 on CPU workers, where the mean is then the last speed, and GPU_MEAN_RATE on GPU workers)
+    shape_cost: float = None  # a new shape's set-up in seconds until measured: 0 on CPUs, GPU_SHAPE_COST on GPUs
+    mean_rate: float = None  # weight of the newest step in the running mean speed: 1 (the last speed) on CPUs
 
-    #: (low, high, low open, high open) of every numeric parameter; those in OPTIONAL may also be None.
+    #: (low, high, low open, high open) of every parameter; those in OPTIONAL may also be None.
     RANGES = {"forgetting": (0.0, 1.0, True, True), "min_spread": (0.0, 1.0, True, False),
               "max_error": (0.0, math.inf, True, True), "max_offset": (0.0, math.inf, False, True),
               "offset": (0.0, math.inf, False, True), "change": (0.0, math.inf, True, True),
@@ -74,15 +67,14 @@ class StepTimeParams:
 
 
 class StepTimeModel:
-    """Fits k_i, f_i and tracks v_i and each worker's set-up cost of new batch shapes; see the module docstring."""
+    """Fits k_i and f_i, tracks v_i and each worker's set-up cost of new batch shapes (see the module docstring)."""
 
-    #: Per-worker state (worker axis last) and what a worker new to the job starts from: "mean" (the mean of
-    #: the others' estimates) or a value (no observations of its own).
+    #: Per-worker state (worker axis last) and what a newcomer starts from: "mean" (of the others) or a value.
     PER_WORKER = {"sums": 0.0, "last": math.nan, "offsets": "mean", "identified": False, "speeds": "mean",
                   "spread2": "mean", "floors": 0.0, "changed": False, "setup": 0.0, "shapes": frozenset(),
                   "measured": math.nan, "means": "mean", "above": False}
 
-    #: Fits of k from which they are pooled on GPU workers (shrinkage pays from three estimates on).
+    #: Fits of k from which they are pooled on GPU workers.
     POOL_FROM = 3
 
     def __init__(self, params=None):
@@ -90,33 +82,31 @@ class StepTimeModel:
         self.start(1)
 
     def start(self, num_workers, gpu=False, share=0.0):
-        """Forget everything (start of training); `gpu`: some worker trains on a GPU (the priors of k and of the shape
-        cost, the mean rate, floors and pooling); `share`: the equal batch, of which GPU_OFFSET_SHARE is the GPU prior
-        of k (0: k starts at 0)."""
+        """Forget everything. `gpu`: some worker trains on a GPU (device defaults, floors, pooling); `share`: the
+        equal batch (the GPU prior of k)."""
         n, p = int(num_workers), self.params
         self.gpu = bool(gpu)
 
-        def device_default(value, on_gpu, on_cpu):  # a parameter left at None: the default for the workers' device
+        def device_default(value, on_gpu, on_cpu):
             return value if value is not None else on_gpu if gpu else on_cpu
 
         self.shape_prior = device_default(p.shape_cost, GPU_SHAPE_COST, 0.0)
         self.mean_rate = device_default(p.mean_rate, GPU_MEAN_RATE, 1.0)
         self.offset_prior = float(device_default(p.offset, GPU_OFFSET_SHARE * share, 0.0))
-        # Discounted sums over consecutive-step pairs: pairs whose batch moved, b^2, z^2, z x, z y, z^2 y^2, z^2 x y,
-        # z^2 x^2, and all pairs.
+        # Discounted sums over pairs of steps: moved pairs, b^2, z^2, z x, z y, z^2 y^2, z^2 x y, z^2 x^2, all pairs.
         self.sums = np.zeros((9, n))
-        self.last = np.full((2, n), np.nan)  # batch and time of the worker's last step above its floor
-        self.above = np.zeros(n, dtype=bool)  # the worker's latest measured step was above its floor
+        self.last = np.full((2, n), np.nan)  # batch and time of the last step above the floor
+        self.above = np.zeros(n, dtype=bool)  # the latest measured step was above the floor
         self.offsets = np.full(n, self.offset_prior)
         self.identified = np.zeros(n, dtype=bool)
         self.speeds = np.full(n, np.nan)
         self.spread2 = np.zeros(n)
         self.floors = np.zeros(n)
         self.changed = np.zeros(n, dtype=bool)
-        self.setup = np.zeros((2, n))  # set-up costs measured, and their sum in seconds
+        self.setup = np.zeros((2, n))  # set-ups measured, and their seconds
         self.shapes = [frozenset()] * n  # the batch sizes each worker has run
         self.measured = np.full(n, np.nan)  # the batch-free speed of the last step, where it is one
-        self.means = np.full(n, np.nan)  # the running mean of the measured speeds (mean_rate)
+        self.means = np.full(n, np.nan)  # the running mean of the measured speeds
 
     def state(self):
         """Everything fitted so far, for checkpoints."""
@@ -145,13 +135,13 @@ class StepTimeModel:
         return np.maximum(self.params.change, self.params.sigmas * np.sqrt(self.spread2))
 
     def predict(self, batches, speeds=None):
-        """Predicted compute seconds of each worker at `batches` (with `speeds`, default the tracked ones)."""
+        """Predicted compute seconds of each worker at `batches` (at `speeds`, default the tracked ones)."""
         v = self.speeds if speeds is None else np.asarray(speeds, dtype=np.float64)
         return step_times(batches, v, self.offsets, self.floors)
 
     def setup_cost(self):
-        """Seconds a new batch shape is expected to cost a worker: the median of the workers' mean measured costs
-        (a median: a speed change that coincides with a first visit reads as set-up), else the prior."""
+        """Seconds a new batch shape is expected to cost: the median of the workers' mean measured set-ups (a speed
+        change that coincides with a first visit reads as set-up), else the prior."""
         count, total = self.setup
         measured = count > 0
         return float(np.median(total[measured] / count[measured])) if measured.any() else self.shape_prior
@@ -162,14 +152,14 @@ class StepTimeModel:
                                                               self.shapes)])
 
     def seen(self, batches, new=None):
-        """Note the batch sizes the workers ran (also in steps whose timings are not used); `new`: new_shapes'."""
+        """Note the batch sizes the workers ran (also in steps whose timings are not used)."""
         batches = np.asarray(batches, dtype=np.int64)
         for w in np.flatnonzero(self.new_shapes(batches) if new is None else new).tolist():
             self.shapes[w] = self.shapes[w] | {int(batches[w])}
 
     def update(self, batches, compute):
-        """Feed one step's batches and compute times of all workers (NaN or <= 0 compute is skipped); returns True for
-        each worker whose batch size was new to it."""
+        """Feed one step's batches and compute times (NaN or <= 0 compute is skipped); returns True for each worker
+        whose batch size was new to it."""
         b = np.asarray(batches, dtype=np.float64).reshape(-1)
         t = np.asarray(compute, dtype=np.float64).reshape(-1)
         if b.size != self.num_workers or t.size != self.num_workers:
@@ -185,38 +175,34 @@ class StepTimeModel:
         ok = np.isfinite(t) & (t > 0) & np.isfinite(b) & (b > 0)
         threshold = self.threshold
         predicted = self.predict(b)
-        # A first step at a new shape: its excess over the prediction is the set-up. Where a set-up costs more
-        # than the step (a GPU), a step slower than predicted beyond noise measures nothing else; where less (a
-        # CPU), the excess is mostly noise and the step an ordinary measurement.
+        # A first visit's excess over the prediction is its set-up. Where a set-up costs more than a step (a GPU), a
+        # first step slow beyond noise measures nothing else; elsewhere it is an ordinary measurement.
         first = ok & new & np.isfinite(predicted)
         costly = first & (np.log(t / predicted) > threshold)
-        if costly.any():  # the median of the measured costs only where a first visit may need it
+        if costly.any():
             costly &= self.setup_cost() > predicted
         self.setup += np.where(first, np.array([np.ones_like(t), np.maximum(t - predicted, 0.0)]), 0.0)
         ok &= ~costly
         b0, t0 = self.last
         line = (self.offsets + b) / self.speeds
-        # On its floor: the batch fell and the time stayed above the line beyond noise, without rising. Only once
-        # k is fitted (an unknown fixed cost also makes the time fall less), and only on GPUs (a CPU worker's
-        # noise would pass for floors).
+        # A floor: the batch fell and the time stayed above the line beyond noise without rising. Only once k is
+        # fitted (an unknown fixed cost also keeps the time up), and only on GPUs (CPU noise would pass for floors).
         floored = ok & self.gpu & self.identified & (b < b0) & (np.log(t / line) > threshold) & \
             (np.log(t / t0) < threshold)
         self.floors = np.where(floored, t, np.where(ok & (np.log(t / self.floors) < -threshold), 0.0, self.floors))
         on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
         above = ok & ~on_floor
         resid = np.log(t / np.maximum(self.floors, line))
-        scored = above & np.isfinite(resid)  # steps with a residual against the model
+        scored = above & np.isfinite(resid)
         self.changed = scored & (np.abs(resid) > threshold)
-        self.floors = np.where(self.changed, 0.0, self.floors)  # a floor measured under other contention
+        self.floors = np.where(self.changed, 0.0, self.floors)  # measured under other contention
         steady = scored & ~self.changed
-        # Every step feeds the spread, a departure as one at the threshold: fed by steady steps alone, the spread of
-        # noise that crosses the threshold from the first steps stays below it, and every step reads as a change
-        # (docs/method.md, section 1).
+        # Every scored step feeds the spread, a change as a residual at the threshold: fed by steady steps alone, the
+        # spread of noise that crosses the threshold from the start stays below it.
         self.spread2 = np.where(scored, self.spread2 + p.noise_rate * (
             np.minimum(resid ** 2, threshold ** 2) - self.spread2), self.spread2)
-        # A pair is two steps above the floor with none on the floor between them (a step without a measurement, a
-        # set-up, is skipped). Across a visit to the floor the batch change holds the moves decided from the earlier
-        # step's own time, and an instrument that answers the noise it is fitted against lowers k (docs/gpu.md).
+        # A pair: two steady steps above the floor with none on it between them (a set-up step is skipped). Across a
+        # visit to the floor the batch change answers the noise it would be fitted against.
         pair = steady & self.above
         self.above = np.where(ok, above, self.above)
         z, x, y = b - b0, t - t0, t0 * b - t * b0
@@ -228,7 +214,7 @@ class StepTimeModel:
         self._fit()
         self.measured = np.where(above, (self.offsets + b) / t, np.nan)
         self.speeds = np.where(above, self.measured, self.speeds)
-        mean = (1.0 - self.mean_rate) * self.means + self.mean_rate * self.measured  # at a rate of 1, the last speed
+        mean = (1.0 - self.mean_rate) * self.means + self.mean_rate * self.measured
         self.means = np.where(above, np.where(np.isfinite(mean), mean, self.measured), self.means)
 
     def _fit(self):
@@ -236,17 +222,15 @@ class StepTimeModel:
         moved, sbb, szz, szx, szy, syy, sxy, sxx, w = self.sums
         k = szy / szx
         scale = np.sqrt(sbb / w)  # root-mean-square batch of the pairs
-        # Heteroskedasticity-robust standard error of the instrumental-variables estimate; timings do not resolve
-        # k finer than 1% of the batch.
+        # Heteroskedasticity-robust standard error of the IV estimate, at least 1% of the batch.
         error = np.maximum(np.sqrt(np.maximum(syy - 2 * k * sxy + k * k * sxx, 0.0)) / np.abs(szx), 0.01 * scale)
         three_pairs = 1.0 + p.forgetting + p.forgetting ** 2  # one or two moved pairs leave no residual
         fit = (moved >= three_pairs - 1e-9) & (szx > 0) & np.isfinite(k) & np.isfinite(error) & \
             (np.sqrt(szz / sbb) >= p.min_spread)
         if self.gpu and np.count_nonzero(fit) >= self.POOL_FROM:
-            # Workers that train the same model have about the same k: each fit is pulled towards the fits'
-            # precision-weighted mean by its own error's share of the spread between workers (empirical Bayes); a
-            # worker without a fit takes the mean. GPUs only: on its floor a GPU seldom has a fit precise enough
-            # to take alone, and with k = 0 its floor's noise reads as speed (docs/ablation.md).
+            # Workers that train the same model have about the same k: each fit is shrunk towards the fits'
+            # precision-weighted mean by its error's share of the spread between workers (empirical Bayes), and a
+            # worker without a fit takes the mean. On its floor a GPU seldom has a fit precise enough alone.
             variance = error[fit] ** 2
             center = float(np.sum(k[fit] / variance) / np.sum(1.0 / variance))
             between = max(float(np.var(k[fit]) - np.mean(variance)), 0.0)
