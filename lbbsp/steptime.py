@@ -189,9 +189,10 @@ class StepTimeModel:
         # fitted (an unknown fixed cost also keeps the time up), and only on GPUs (CPU noise would pass for floors).
         floored = ok & self.gpu & self.identified & (b < b0) & (np.log(t / line) > threshold) & \
             (np.log(t / t0) < threshold)
-        # A floor bounds the step from below: a step more than `change` under it refutes it, whatever the worker's
-        # noise (a spread of speeds above the floor says nothing of it, and on a floor held in error the speed stays).
-        self.floors = np.where(floored, t, np.where(ok & (np.log(t / self.floors) < -p.change), 0.0, self.floors))
+        # A floor is at most the time of the larger batch before it, and a step more than `change` under it refutes
+        # it, whatever the worker's noise (the spread of its speed above the floor says nothing of the floor).
+        self.floors = np.where(floored, np.minimum(t, t0),
+                               np.where(ok & (np.log(t / self.floors) < -p.change), 0.0, self.floors))
         on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
         above = ok & ~on_floor
         resid = np.log(t / np.maximum(self.floors, line))

@@ -127,21 +127,21 @@ def test_the_floor_is_learned_from_a_batch_that_fell_without_its_time():
     assert m.floors[0] == 0.0
 
 
-def test_a_floor_is_cleared_by_a_step_well_under_it_whatever_the_workers_noise():
+def test_a_floor_is_capped_by_the_step_before_and_cleared_by_a_step_well_under_it():
     # A GPU beside a co-tenant that comes and goes: a spread of 0.15 puts its change threshold at 0.6, and a stray
-    # slow step at a smaller batch passes for a floor. The co-tenant then stays: steps 30% under that floor, at a
-    # slower line. On a floor a step says nothing of the speed, so a floor that noise alone could refute would hold
-    # the worker at its old speed for as long as it held.
+    # slow step at a smaller batch passes for a floor. A floor is at most the time of the larger batch before it, and
+    # a step more than `change` under it refutes it, however noisy the worker: on a floor a step says nothing of the
+    # speed, so a floor that only the worker's noise could refute would hold the speed for as long as it held.
     m = model(1, gpu=True, shape_cost=0.0)
     v, k = np.array([5000.0]), np.array([25.0])
     feed(m, [[128], [160], [96], [128], [192]] + [[128]] * 8, v, k)
     assert m.identified[0] and m.floors[0] == 0.0
     m.spread2[:] = 0.15 ** 2
-    stray = 1.6 * (25.0 + 128.0) / 5000.0  # rose by 0.47 from the last step, 0.70 above the line at 96
-    m.update([96.0], [stray])
-    assert m.floors[0] == pytest.approx(stray)
-    feed(m, [[96]] * 3, np.array([3600.0]), k)  # log(t / floor) = -0.38: within the worker's noise, beyond `change`
-    assert m.floors[0] == 0.0 and m.speeds[0] == pytest.approx(3600.0)
+    before = (25.0 + 128.0) / 5000.0
+    m.update([96.0], [1.6 * before])  # rose by 0.47 from the step before, 0.70 above the line at 96
+    assert m.floors[0] == pytest.approx(before)
+    feed(m, [[80]] * 3, np.array([4500.0]), k)  # 0.27 under the floor: within the worker's noise, beyond `change`
+    assert m.floors[0] == 0.0 and m.speeds[0] == pytest.approx(4500.0)
 
 
 def test_a_cpu_worker_learns_no_floor():
