@@ -185,10 +185,10 @@ class StepTimeModel:
         ok &= ~costly
         b0, t0 = self.last
         line = (self.offsets + b) / self.speeds
-        # A floor: the batch fell and the time stayed above the line beyond noise without rising. Only once k is
-        # fitted (an unknown fixed cost also keeps the time up), and only on GPUs (CPU noise would pass for floors).
-        floored = ok & self.gpu & self.identified & (b < b0) & (np.log(t / line) > threshold) & \
-            (np.log(t / t0) < threshold)
+        # A floor: the batch fell and the time stayed above the line beyond noise without rising; GPUs only (CPU noise
+        # would pass for floors). Before k is fitted an unknown fixed cost passes too: the cap and the clearing bound
+        # what such a floor costs.
+        floored = ok & self.gpu & (b < b0) & (np.log(t / line) > threshold) & (np.log(t / t0) < threshold)
         # A floor is at most the time of the larger batch before it, and a step more than `change` under it refutes
         # it, whatever the worker's noise (the spread of its speed above the floor says nothing of the floor).
         self.floors = np.where(floored, np.minimum(t, t0),

@@ -165,11 +165,16 @@ def test_on_a_gpu_a_first_visit_is_a_set_up_not_a_floor():
     assert m.floors[0] == pytest.approx(0.02)
 
 
-def test_an_unknown_fixed_cost_is_not_taken_for_a_floor():
-    # With k not yet fitted, a step's time falls less than its batch whether there is a fixed cost or a floor.
+def test_a_floor_is_learned_before_k_is_fitted_and_cleared_by_a_faster_step():
+    # With k not yet fitted, a step's time falls less than its batch whether there is a fixed cost or a floor; either
+    # way it is what the worker takes at that batch (held unlearned, a floor-bound GPU sent below its floor reads as
+    # slow). Read as a floor, it goes once a step runs more than `change` under it.
     m = model(1, gpu=True, shape_cost=0.0)
-    feed(m, [[64]] * 3 + [[32]], np.array([1000.0]), np.array([30.0]))
-    assert not m.identified[0] and m.floors[0] == 0.0
+    v, k = np.array([1000.0]), np.array([30.0])
+    feed(m, [[64]] * 3 + [[32]], v, k)
+    assert not m.identified[0] and m.floors[0] == pytest.approx((30.0 + 32.0) / 1000.0)
+    feed(m, [[32]], 2 * v, k)
+    assert m.floors[0] == 0.0 and m.speeds[0] == pytest.approx(2 * 32 / 0.062)
 
 
 def test_first_steps_at_new_shapes_measure_their_set_up():
