@@ -2,8 +2,8 @@
 
 v_i: the batch-free speed (k_i + b) / t of the worker's last step above its floor. k_i: the fixed cost in samples,
 an instrumental-variables fit over pairs of steps above the floor (pooled across GPU workers). f_i (GPU workers):
-the time of a step whose batch fell without its time. A step off its prediction beyond noise is a speed change;
-a first step at a new batch shape measures the shape's set-up. See docs/method.md, section 1.
+the time of a step whose batch fell without its time (at most the step's before). A step off its prediction beyond
+noise is a speed change; a first step at a new batch shape measures the shape's set-up. See docs/method.md, section 1.
 """
 import dataclasses
 import math
@@ -185,12 +185,10 @@ class StepTimeModel:
         ok &= ~costly
         b0, t0 = self.last
         line = (self.offsets + b) / self.speeds
-        # A floor: the batch fell and the time stayed above the line beyond noise without rising; GPUs only (CPU noise
-        # would pass for floors). Before k is fitted an unknown fixed cost passes too: the cap and the clearing bound
-        # what such a floor costs.
+        # A floor (GPUs only: CPU noise would pass for floors): the batch fell and the time stayed above the line beyond
+        # noise without rising (so does an unknown fixed cost's). It is at most the time of the larger batch before it,
+        # and a step more than `change` under it refutes it, whatever the worker's noise (docs/method.md, section 1).
         floored = ok & self.gpu & (b < b0) & (np.log(t / line) > threshold) & (np.log(t / t0) < threshold)
-        # A floor is at most the time of the larger batch before it, and a step more than `change` under it refutes
-        # it, whatever the worker's noise (the spread of its speed above the floor says nothing of the floor).
         self.floors = np.where(floored, np.minimum(t, t0),
                                np.where(ok & (np.log(t / self.floors) < -p.change), 0.0, self.floors))
         on_floor = floored | (ok & (line <= self.floors) & (np.log(t / self.floors) <= threshold))
