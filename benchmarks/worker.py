@@ -226,6 +226,10 @@ def main(argv=None):
         else:
             sig = (tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.int64))
             data = tf.data.Dataset.from_generator(batches, output_signature=sig)
+            if driver.emulated:  # an emulated delay stands for compute: no read-ahead (tf.data's own) may hide it
+                options = tf.data.Options()
+                options.experimental_optimization.inject_prefetch = False
+                data = data.with_options(options)
         steps = len(x) // scenario.global_batch
         callbacks.insert(1, hvd.callbacks.MetricAverageCallback())
     else:

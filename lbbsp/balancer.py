@@ -50,37 +50,61 @@ class Background:
     WAIT = 1.0
 
     def __init__(self):
-        self._pool = None
-        self._gate = threading.Condition()
+        self._cond = threading.Condition()
+        self._jobs = collections.deque()  # (ticket, queued at, future, fn, args), in order
+        self._thread, self._closed = None, False
         self._queued = self._released = 0
 
     def submit(self, fn, *args, hold=True):
         """Queue `fn(*args)`: it runs after every decision queued before it, once released (at once without
-        `hold`)."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lbbsp")
-        with self._gate:
-            ticket, self._queued = self._queued, self._queued + 1
+        `hold`); returns its concurrent.futures.Future. A held decision wakes nothing: its release does."""
+        future = concurrent.futures.Future()
+        with self._cond:
+            if self._thread is None:
+                self._thread, self._closed = threading.Thread(target=self._work, name="lbbsp", daemon=True), False
+                self._thread.start()
+            self._jobs.append((self._queued, time.monotonic(), future, fn, args))
+            self._queued += 1
             if not hold:
                 self._released = self._queued
-        return self._pool.submit(self._run, ticket, fn, args)
+                self._cond.notify()
+        return future
 
-    def _run(self, ticket, fn, args):
-        with self._gate:
-            self._gate.wait_for(lambda: self._released > ticket, self.WAIT)
-        return fn(*args)
+    def _work(self):
+        while True:
+            with self._cond:
+                while True:
+                    if self._jobs:
+                        ticket, queued, future, fn, args = self._jobs[0]
+                        wait = queued + self.WAIT - time.monotonic()
+                        if self._released > ticket or wait <= 0:
+                            break
+                    elif self._closed:
+                        return
+                    else:  # idle: look again within half a WAIT for a held decision that is due
+                        wait = self.WAIT
+                    self._cond.wait(min(wait, self.WAIT / 2))
+                self._jobs.popleft()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the decision
+                future.set_exception(exc)
 
     def release(self):
         """Let every decision queued so far start."""
-        with self._gate:
-            self._released = self._queued
-            self._gate.notify_all()
+        with self._cond:
+            if self._released < self._queued:
+                self._released = self._queued
+                self._cond.notify()
 
     def close(self):
-        self.release()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Run every queued decision, then stop the thread."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._released, self._closed = self._queued, True
+            self._cond.notify()
+        if thread is not None:
+            thread.join()
 
 
 class Balancer:
@@ -143,10 +167,11 @@ class Balancer:
             for plan in first if first and first[0].key == key else self.controller.initial_plans(*key):
                 self.feed.publish(plan)
             self._pending = None
-        while self.feed.plan_of(*key) is None and self._decisions:
+        plan = self.feed.plan_of(*key)
+        while plan is None and self._decisions:
             self._thread.release()  # the train thread waits for it: nothing to keep clear of
             self._decisions.popleft().result()
-        plan = self.feed.plan_of(*key)
+            plan = self.feed.plan_of(*key)
         if plan is None:
             raise RuntimeError(f"lbbsp: no split was decided for step {step} of epoch {epoch}")
         self.feed.start_step(epoch, step)

@@ -20,6 +20,7 @@ Two guards, both deterministic on every rank:
   it in the same gathered matrix, and the callback adopts rank 0's
   decision state (lbbsp.keras.callbacks).
 """
+import functools
 import importlib
 
 import numpy as np
@@ -37,8 +38,15 @@ def digest(sizes):
     its own weight), so it is the same on every CPU.
     """
     b = np.asarray(sizes, dtype=np.int64).reshape(-1) % _PRIME
-    weights = (np.arange(1, b.size + 1, dtype=np.int64) * 2654435761) % _PRIME
-    return float(np.sum((b * weights) % _PRIME) % _PRIME)
+    return float(np.sum((b * _weights(b.size)) % _PRIME) % _PRIME)
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(num_workers):
+    """Each worker's weight in the digest (read-only, kept per number of workers)."""
+    weights = (np.arange(1, num_workers + 1, dtype=np.int64) * 2654435761) % _PRIME
+    weights.setflags(write=False)
+    return weights
 
 
 def digests_agree(digests):

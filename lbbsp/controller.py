@@ -18,6 +18,7 @@ from .checks import check_budget, integer
 from .consistency import digest as split_digest
 from .exchange import unpack
 from .membership import worker_index
+from .metrics import median
 from .policies import StepStats, make_policy, proportional
 from .sharding import EpochSchedule
 
@@ -132,7 +133,7 @@ class BalanceController:
     def period(self, costs, compute):
         """Steps the split decided now holds: 1 while the ranks' median decision CPU time is within `budget` of the
         median compute time, else the power of two that brings it within (at most MAX_PERIOD)."""
-        cost, step = float(np.median(costs)), float(np.median(compute))
+        cost, step = median(costs), median(compute)
         period = 1
         if self.budget is not None and cost > self.budget * step > 0:  # NaN anywhere: every step
             period = min(2 ** math.ceil(math.log2(cost / (self.budget * step))), MAX_PERIOD)

@@ -47,5 +47,4 @@ def pack_local(out, rank, **values):
 
 def unpack(matrix):
     """The gathered (N, len(FIELDS)) matrix as named columns (float64)."""
-    matrix = np.asarray(matrix, dtype=np.float64)
-    return Gathered(*(matrix[:, i] for i in range(len(FIELDS))))
+    return Gathered(*np.asarray(matrix, dtype=np.float64).T[:len(FIELDS)])

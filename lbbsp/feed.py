@@ -205,22 +205,19 @@ class BatchFeed:
         """The step that trains now: the reader may be at most `prefetch` steps ahead of it."""
         key = (int(epoch), int(step))
         with self._cond:
-            self._training = key
-            for old in [k for k in self._published if self._index(k) < self._index(key)]:
-                del self._published[old]
+            self._training, now = key, self._index(key)
+            while self._published and self._index(next(iter(self._published))) < now:  # published in order
+                self._published.popitem(last=False)
             self._cond.notify_all()
 
     def served(self, epoch, step):
-        """(samples, times) this worker read for (epoch, step); (None, 0) if it was not read."""
+        """(samples, times, ahead): what this worker read for (epoch, step) ((None, 0) if it was not read), and how
+        many steps after it the furthest step read is."""
         with self._cond:
-            return self._served.get((int(epoch), int(step)), (None, 0))
-
-    def served_beyond(self, epoch, step):
-        """The furthest step already read, as a number of steps after (epoch, step)."""
-        with self._cond:
-            if not self._served:
-                return 0
-            return self._index(next(reversed(self._served))) - self._index((int(epoch), int(step)))
+            samples, times = self._served.get((int(epoch), int(step)), (None, 0))
+            ahead = self._index(next(reversed(self._served))) - self._index((int(epoch), int(step))) \
+                if self._served else 0
+        return samples, times, ahead
 
     def indices(self, epoch, step, batches, rank=None):
         """Sample indices that `rank` (default: this worker) reads at (epoch, step) under `batches`."""

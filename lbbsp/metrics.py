@@ -1,7 +1,18 @@
-"""Balance metrics of synchronous steps (numpy only): balanced time, and efficiency and straggler level per epoch."""
+"""Statistics of synchronous steps (numpy only): balanced time, efficiency and straggler level, and the median."""
+import math
+
 import numpy as np
 
-__all__ = ["balanced_time", "step_balance", "summarize_steps"]
+__all__ = ["balanced_time", "step_balance", "summarize_steps", "median"]
+
+
+def median(values):
+    """np.median's value of a 1-d array (NaN if one is NaN) at a fraction of its cost on a few numbers."""
+    s = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
+    n = s.size
+    if n == 0 or math.isnan(s[-1]):
+        return math.nan
+    return float(s[n // 2]) if n % 2 else float((s[n // 2 - 1] + s[n // 2]) / 2)
 
 
 def balanced_time(batches, compute):
@@ -18,9 +29,10 @@ def balanced_time(batches, compute):
 def step_balance(batches, compute):
     """(T*, max_i t_i) of one step: its balanced and its actual compute time (NaN where a time is missing)."""
     t = np.asarray(compute, dtype=np.float64)
-    if not np.all(np.isfinite(t) & (t > 0)):
-        return float("nan"), float("nan")
-    return balanced_time(batches, t), float(t.max())
+    if not (np.isfinite(t).all() and (t > 0).all()):
+        return math.nan, math.nan
+    b = np.asarray(batches, dtype=np.float64)
+    return float(b.sum() / (b / t).sum()), float(t.max())
 
 
 def summarize_steps(batches, compute):

@@ -12,6 +12,7 @@ import numpy as np
 
 from .allocation import step_times
 from .checks import number
+from .metrics import median
 
 __all__ = ["StepTimeParams", "StepTimeModel", "batch_free_speed", "GPU_SHAPE_COST", "GPU_MEAN_RATE", "GPU_OFFSET_SHARE"]
 
@@ -144,7 +145,7 @@ class StepTimeModel:
         change that coincides with a first visit reads as set-up), else the prior."""
         count, total = self.setup
         measured = count > 0
-        return float(np.median(total[measured] / count[measured])) if measured.any() else self.shape_prior
+        return median(total[measured] / count[measured]) if measured.any() else self.shape_prior
 
     def new_shapes(self, batches):
         """True for each worker whose batch in `batches` it has not run yet."""

@@ -294,6 +294,17 @@ def test_decision_benchmark_times_every_policy():
     assert times.shape == (30,) and np.all(times > 0)
 
 
+def test_plumbing_benchmark_drives_a_rank_step_by_step_and_prints_its_cost(capsys):
+    from benchmarks import plumbing
+    cpu, switches = plumbing.per_step("lbbsp", num_workers=3, steps=60)
+    assert 0 < cpu < 0.05 and switches >= 0
+    assert plumbing.main(["--policies", "equal,pid", "--steps", "30", "--rounds", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["equal", "pid"] and all(float(row[1]) > 0 for row in rows)
+    with pytest.raises(SystemExit):
+        plumbing.main(["--steps", "5"])
+
+
 def test_gpu_profile_is_the_measured_curve_with_set_ups_for_new_shapes():
     from benchmarks.gpusim import GPUCluster, GPUProfile
 

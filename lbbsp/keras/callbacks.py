@@ -272,8 +272,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         t_end = time.time()
         started, cpu = time.perf_counter(), time.thread_time()
         state, local = self._state, int(self._plan.sizes[self.rank])
-        served, times = self.feed.served(self._epoch, step)
-        beyond = self.feed.served_beyond(self._epoch, step)
+        served, times, beyond = self.feed.served(self._epoch, step)
         if times == 0 and beyond <= 0:
             raise RuntimeError(f"lbbsp: step {step} of epoch {self._epoch} read nothing from the feed: pass "
                                "feed.dataset() of the BalancedFeed given to LoadBalancer to fit (the data fit read "
