@@ -65,7 +65,7 @@ class Background:
                 self._thread.start()
             self._jobs.append((self._queued, time.monotonic(), future, fn, args))
             self._queued += 1
-            if not hold:
+            if not hold or self.WAIT <= 0:
                 self._released = self._queued
                 self._cond.notify()
         return future
@@ -79,11 +79,12 @@ class Background:
                         wait = queued + self.WAIT - time.monotonic()
                         if self._released > ticket or wait <= 0:
                             break
+                        timeout = min(wait, self.WAIT / 2)
                     elif self._closed:
                         return
-                    else:  # idle: look again within half a WAIT for a held decision that is due
-                        wait = self.WAIT
-                    self._cond.wait(min(wait, self.WAIT / 2))
+                    else:  # idle: look again within half a WAIT for a held decision (none is held without a WAIT)
+                        timeout = self.WAIT / 2 if self.WAIT > 0 else None
+                    self._cond.wait(timeout)
                 self._jobs.popleft()
             try:
                 future.set_result(fn(*args))

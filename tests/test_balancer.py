@@ -71,7 +71,12 @@ def test_queued_decisions_run_in_order_once_released():
     background.submit(ran.append, 4, hold=False).result(timeout=0.5)  # far below WAIT: it was not held
     background.WAIT = 0.01  # never released: it runs all the same
     background.submit(ran.append, 5).result(timeout=5)
-    assert ran == [1, 2, 3, 4, 5]
+    background.WAIT = 0.0  # nothing is held (benchmarks.overhead's atonce), and the idle thread does not spin
+    background.submit(ran.append, 6).result(timeout=0.5)
+    idle = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - idle < 0.1, "the idle decision thread kept a core busy"
+    assert ran == [1, 2, 3, 4, 5, 6]
     background.close()
 
 
