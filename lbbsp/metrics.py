@@ -7,7 +7,7 @@ __all__ = ["balanced_time", "step_balance", "summarize_steps", "median"]
 
 
 def median(values):
-    """np.median's value of a 1-d array (NaN if one is NaN) at a fraction of its cost on a few numbers."""
+    """np.median's value of `values` (NaN if one is NaN), at a fraction of its cost on a few numbers."""
     s = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
     n = s.size
     if n == 0 or math.isnan(s[-1]):
@@ -31,8 +31,7 @@ def step_balance(batches, compute):
     t = np.asarray(compute, dtype=np.float64)
     if not (np.isfinite(t).all() and (t > 0).all()):
         return math.nan, math.nan
-    b = np.asarray(batches, dtype=np.float64)
-    return float(b.sum() / (b / t).sum()), float(t.max())
+    return balanced_time(batches, t), float(t.max())
 
 
 def summarize_steps(batches, compute):
