@@ -20,7 +20,7 @@ import numpy as np
 
 from lbbsp.balancer import Balancer
 from lbbsp.controller import BalanceController
-from lbbsp.exchange import empty
+from lbbsp.exchange import FIELDS, empty
 from lbbsp.feed import BatchFeed
 from lbbsp.forecasting import Forecaster
 
@@ -28,7 +28,8 @@ __all__ = ["per_step", "main"]
 
 
 def per_step(policy, num_workers=2, steps=2000, per_worker_batch=128, seed=0):
-    """(CPU seconds, voluntary context switches) per step of one rank running `policy` with an EMA forecaster."""
+    """(CPU seconds, voluntary context switches) per step of one rank running `policy`, forecasting with an EMA (the
+    NARX needs TensorFlow)."""
     rng = np.random.default_rng(seed)
     global_batch = per_worker_batch * num_workers
     x = rng.normal(size=(global_batch * 20, 64)).astype(np.float32)
@@ -42,9 +43,10 @@ def per_step(policy, num_workers=2, steps=2000, per_worker_batch=128, seed=0):
         plan = balancer.before_step(epoch, step)
         feed.next_batch()
         row = balancer.local(0.02 * np.exp(0.01 * rng.standard_normal()))
-        gathered = empty(num_workers, fill=0.0)
-        gathered[:, 0], gathered[:, 2], gathered[:, 3] = row["forecast"], plan.digest, row["decision"]
-        gathered[:, 1] = 0.02 * np.exp(0.01 * rng.standard_normal(num_workers))
+        gathered = empty(num_workers, fill=0.0)  # every worker ran the plan; their compute times scatter by 1%
+        gathered[:, FIELDS.index("compute")] = 0.02 * np.exp(0.01 * rng.standard_normal(num_workers))
+        for name in ("forecast", "split", "decision"):
+            gathered[:, FIELDS.index(name)] = row[name]
         record = dict(time=0.0, epoch=epoch, step=step, rank=0, workers=num_workers, global_batch=global_batch,
                       batch_size=int(plan.sizes[0]), wait=0.0, step_time=0.02, overhead=0.0, overhead_cpu=0.0)
         balancer.after_step(epoch, step, gathered, record, lambda obj: obj)
