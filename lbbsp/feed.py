@@ -213,10 +213,10 @@ class BatchFeed:
     def served(self, epoch, step):
         """(samples, times, ahead): what this worker read for (epoch, step) ((None, 0) if it was not read), and how
         many steps after it the furthest step read is."""
+        key = (int(epoch), int(step))
         with self._cond:
-            samples, times = self._served.get((int(epoch), int(step)), (None, 0))
-            ahead = self._index(next(reversed(self._served))) - self._index((int(epoch), int(step))) \
-                if self._served else 0
+            samples, times = self._served.get(key, (None, 0))
+            ahead = self._index(next(reversed(self._served))) - self._index(key) if self._served else 0
         return samples, times, ahead
 
     def indices(self, epoch, step, batches, rank=None):
