@@ -288,7 +288,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                       global_batch=int(np.sum(self._plan.sizes)), batch_size=local, wait=wait,
                       step_time=started - self._t_begin, overhead=self._hooks[0] + time.perf_counter() - started,
                       overhead_cpu=self._hooks[1] + time.thread_time() - cpu)
-        speed, forecast, compute = self.core.after_step(self._epoch, step, state.gathered.copy(), record,
+        speed, forecast, compute = self.core.after_step(self._epoch, step, state.gathered, record,
                                                         _broadcast("lbbsp_resync"))
         if step + 1 >= self.feed.epoch_schedule.steps_in(self._epoch) and self.sync_metrics:
             self._train_metrics = global_metric_results(self.model)
