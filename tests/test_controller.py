@@ -12,7 +12,6 @@ from lbbsp.allocation import Bounds
 from lbbsp.controller import BalanceController, Plan
 from lbbsp.forecasting import Forecaster
 from lbbsp.history import StepLog
-from lbbsp.metrics import median
 from lbbsp.policies import POLICIES, LBBSPPolicy, PIDPolicy, StepStats, make_policy
 from predictor import EMAPredictor
 
@@ -459,19 +458,6 @@ def test_the_decision_period_keeps_a_decisions_cpu_within_its_budget():
     assert c.period([0.05, 0.05], [0.1, 0.1]) == 64  # at most MAX_PERIOD
     assert c.period([np.nan, 0.05], [0.1, np.nan]) == 1 and c.period([0.01, 0.01], [0.0, 0.0]) == 1
     assert BalanceController("lbbsp", budget=None).period([0.05, 0.05], [0.1, 0.1]) == 1
-
-
-def test_the_median_is_numpys_to_the_bit():
-    rng = np.random.default_rng(0)
-    for size in list(range(1, 12)) + [64, 1023, 1024]:
-        for _ in range(20):
-            values = rng.lognormal(rng.normal(-5.0, 3.0), 1.0, size)
-            values[rng.random(size) < 0.1] = rng.choice([np.inf, 0.0, -1.0])
-            expected = float(np.median(values))
-            assert median(values) == expected and median(list(values)) == expected
-            values[rng.integers(size)] = np.nan
-            assert np.isnan(median(values))
-    assert np.isnan(median([]))
 
 
 def test_decisions_over_budget_are_made_every_few_steps_alike_on_every_rank_and_at_once_on_a_change():
