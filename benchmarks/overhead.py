@@ -1,6 +1,6 @@
 """Per-step cost of lbbsp on homogeneous workers, against plain Horovod, in one job (ratios, not timings).
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25] [--unpinned] [--decision-ms 5]
 
 The same model without any collective (`local`: a plain optimizer, each rank
 training alone on its shard, so the rest of a step is the allreduce), plain
@@ -16,15 +16,19 @@ step) and lbbsp+NARX whose decisions start as soon as they are queued
 (`atonce`: beside the next step's dispatch and compute, as before they were
 held until its gradients exist) train the same model on identical workers,
 interleaved over several rounds in the same processes, so machine noise hits
-all alike. With --quota every rank runs under that cgroup CPU quota (cores),
-where each millisecond of plugin CPU costs about 1/quota milliseconds of
-wall time. Reported per variant: the median steady-state step time (warm-up
-steps dropped), the range of the per-round medians, the extra milliseconds
-per step over plain Horovod and their share of its step time, the mean step
-time against plain Horovod's (what an epoch takes), the process's CPU time
-per step (every thread: TensorFlow's, Horovod's, the plugin's), the plugin's
-median time on the critical path, and the median time of its background work
-(the decision; the forecast is on the critical path).
+all alike, each timed over the same steps. With --quota every rank runs under
+that cgroup CPU quota (cores), where each millisecond of plugin CPU costs
+about 1/quota milliseconds of wall time; with --unpinned the ranks' threads
+share every core, as they do in a job that pins nothing; --decision-ms adds
+that much CPU to each of lbbsp's decisions (what a large job's decision
+costs, where the decision budget holds splits for several steps). Reported per
+variant: the median steady-state step time (warm-up steps dropped), the range
+of the per-round medians, the extra milliseconds per step over plain Horovod
+and their share of its step time, the mean step time against plain Horovod's
+(what an epoch takes), the process's CPU time per step (every thread:
+TensorFlow's, Horovod's, the plugin's), the plugin's median time on the
+critical path, and the median time of its background work (the decision; the
+forecast is on the critical path).
 """
 import argparse
 import contextlib
@@ -46,6 +50,11 @@ def main(argv=None):
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch")
     parser.add_argument("--quota", type=float, help="cgroup CPU quota of every rank, in cores (needs root)")
+    parser.add_argument("--decision-ms", type=float, default=0.0,
+                        help="CPU milliseconds of busy work added to each decision of lbbsp's policy (what a "
+                             "decision of a large job costs: the decision budget's case)")
+    parser.add_argument("--unpinned", action="store_true",
+                        help="let every rank's threads run on any core (by default rank r is pinned to core r)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, from {', '.join(VARIANTS)} (horovod always runs: the baseline)")
     args = parser.parse_args(argv)
@@ -53,23 +62,27 @@ def main(argv=None):
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants={args.variants!r}: {unknown} are not variants; choose from {', '.join(VARIANTS)}")
-    if args.rounds < 1 or args.steps < 30 or (args.quota is not None and args.quota <= 0):
-        parser.error(f"--rounds={args.rounds} (>= 1), --steps={args.steps} (>= 30), --quota={args.quota} (> 0)")
+    if args.rounds < 1 or args.steps < 30 or (args.quota is not None and args.quota <= 0) or not \
+            0 <= args.decision_ms < 1e4:
+        parser.error(f"--rounds={args.rounds} (>= 1), --steps={args.steps} (>= 30), --quota={args.quota} (> 0), "
+                     f"--decision-ms={args.decision_ms} (in [0, 10000))")
 
     import os
 
     import lbbsp.keras as lb
     from lbbsp.balancer import Background
+    from lbbsp.policies import LBBSPPolicy
 
     from .contention import CpuQuota
     from .runtime import init_worker
     from .workloads import build_model, load_data
 
-    hvd, tf = init_worker()
+    hvd, tf = init_worker(pin=not args.unpinned)
     rank, size = hvd.rank(), hvd.size()
     quota = CpuQuota(args.quota, pids=[os.getpid()]) if args.quota else None
     global_batch = args.batch * size
-    x, y, _, _ = load_data("mlp", num_samples=global_batch * 32)
+    # One global batch per step: lbbsp's feed ends its epoch where the data ends, tf.data's pipeline repeats.
+    x, y, _, _ = load_data("mlp", num_samples=global_batch * args.steps)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     warmup = 10
 
@@ -104,14 +117,15 @@ def main(argv=None):
         policy, _, rest = variant.partition("-")
         predictor, _, mode = rest.partition("-")
         model.compile(optimizer=lb.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss=loss)
-        feed = lb.BalancedFeed(x[:global_batch * args.steps], y[:global_batch * args.steps],
-                               global_batch=global_batch, prefetch=0 if mode == "inline" else 1)
+        feed = lb.BalancedFeed(x, y, global_batch=global_batch, prefetch=0 if mode == "inline" else 1)
         balancer = lb.LoadBalancer(feed, policy="equal" if policy == "equal" else "lbbsp",
                                    predictor=predictor or "ema", plan_ahead=0 if mode == "inline" else 1,
                                    **({"forecast_budget": None} if mode == "always" else
                                       {"decision_budget": None} if mode == "every" else {}))
         # atonce: a queued decision waits for nothing (Background.WAIT, for this variant's fit only)
-        with mock.patch.object(Background, "WAIT", 0.0) if mode == "atonce" else contextlib.nullcontext():
+        with mock.patch.object(Background, "WAIT", 0.0) if mode == "atonce" else contextlib.nullcontext(), \
+                mock.patch.object(LBBSPPolicy, "after_step", _costly(LBBSPPolicy.after_step, args.decision_ms)) \
+                if args.decision_ms else contextlib.nullcontext():
             model.fit(feed.dataset(), steps_per_epoch=feed.steps_per_epoch, epochs=1, verbose=0,
                       callbacks=callbacks + [balancer, clock])
         rows = balancer.history[warmup:]
@@ -126,6 +140,8 @@ def main(argv=None):
         for _ in range(args.rounds):
             for variant in variants:
                 t, c, seconds = run(variant)
+                if len(t) != args.steps - warmup - 1:  # every variant is timed over the same steps
+                    raise RuntimeError(f"{variant} timed {len(t)} steady steps, not {args.steps - warmup - 1}")
                 cpu[variant].append(seconds)
                 times[variant].extend(t)
                 rounds[variant].append(1e3 * float(np.median(t)))
@@ -135,9 +151,11 @@ def main(argv=None):
             quota.close()
     if rank == 0:
         base, base_mean = float(np.median(times["horovod"])), float(np.mean(times["horovod"]))
-        where = f"each rank under a {args.quota}-core quota" if args.quota else "each rank on its own core"
+        where = f"each rank under a {args.quota}-core quota" if args.quota else \
+            "every rank free to use any core" if args.unpinned else "each rank on its own core"
+        where += f", {args.decision_ms:g} ms of CPU added to each decision" if args.decision_ms else ""
         print(f"{size} workers ({where}), per-worker batch {args.batch}, mlp hidden {args.hidden}, {args.rounds} "
-              f"rounds x {args.steps - warmup - 1} steady steps per variant, interleaved")
+              f"rounds x {len(times['horovod']) // args.rounds} steady steps per variant, interleaved")
         print(f"{'variant':<19}{'step ms':>9}{'rounds [min-max]':>18}{'extra ms':>10}{'extra %':>9}{'mean %':>8}"
               f"{'CPU ms':>8}{'critical-path ms':>18}{'background ms':>15}")
         for variant in variants:
@@ -156,6 +174,16 @@ def main(argv=None):
             print(f"Paired per round, the median step of lbbsp-narx / lbbsp-narx-atonce: {np.median(paired):.3f} "
                   f"(lower in {int((paired < 1).sum())} of {len(paired)} rounds)")
     return 0
+
+
+def _costly(after_step, ms):
+    """`after_step` that also keeps its thread's CPU busy for `ms` milliseconds (the controller counts that CPU)."""
+    def costly(self, *args):
+        end = time.thread_time() + ms / 1e3
+        while time.thread_time() < end:
+            pass
+        return after_step(self, *args)
+    return costly
 
 
 def _cpu_seconds():

@@ -304,9 +304,15 @@ def test_the_example_runs_plain_horovod_and_lbbsp_side_by_side():
 def test_the_overhead_benchmark_reports_every_variant():
     from benchmarks.overhead import VARIANTS
 
-    out = launch(2, ["-m", "benchmarks.overhead", "--rounds", "1", "--steps", "30"])
+    # More steps than the 32 global batches of data the lbbsp variants once read: each variant is timed over all.
+    out = launch(2, ["-m", "benchmarks.overhead", "--rounds", "1", "--steps", "40", "--decision-ms", "2"])
+    assert "2 ms of CPU added to each decision" in out and "1 rounds x 29 steady steps per variant" in out, \
+        out[-3000:]
     rows = {line.split()[0].split(":")[-1]: line.split()[1:] for line in out.splitlines()
             if line.split()[1:2] and line.split()[0].split(":")[-1] in VARIANTS}
     assert set(rows) == set(VARIANTS), out[-3000:]
     cpu = {name: float(values[5]) for name, values in rows.items()}  # ms per step, every thread of the process
     assert all(0 < ms < 1000 for ms in cpu.values()), cpu
+    # A decision at every step carries the added CPU; equal batches' decisions are not lbbsp's policy's.
+    background = {name: float(values[7]) for name, values in rows.items() if values[7] != "-"}
+    assert background["lbbsp-narx-every"] >= 2.0 > background["equal"], background
