@@ -1,6 +1,7 @@
 """Per-step cost of lbbsp on homogeneous workers, against plain Horovod, in one job (ratios, not timings).
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25] [--unpinned] [--decision-ms 5]
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.overhead [--rounds 3] [--quota 0.25]
+        [--unpinned] [--decision-ms 5]
 
 The same model without any collective (`local`: a plain optimizer, each rank
 training alone on its shard, so the rest of a step is the allreduce), plain
