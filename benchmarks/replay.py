@@ -60,10 +60,19 @@ def load_run(run_dir):
                             for i in range(steps)]) for name in columns}
 
 
-def replay(run_dir, variant="lbbsp-narx", gpu=False):
+def _grid(run_dir):
+    """The batch grid the run's splits kept, where its summary.json records it (runs from 2026-12-01 on)."""
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as fh:
+            return json.load(fh).get("grid")
+    except (OSError, ValueError):
+        return None
+
+
+def replay(run_dir, variant="lbbsp-narx", gpu=False, grid=None):
     """Feed a run's gathered rows to a controller built for `variant` (its policy, plan_ahead and batch grid as
-    benchmarks.worker sets them; `gpu`: the run trained on GPUs); returns (per-step records, decisions that match
-    the split the ranks ran, decisions checked)."""
+    benchmarks.worker sets them; `gpu`: the run trained on GPUs; `grid`: the batch grid of a run whose summary does
+    not record it); returns (per-step records, decisions that match the split the ranks ran, decisions checked)."""
     if variant not in VARIANTS or VARIANTS[variant][0] in ("horovod", "oracle"):
         allowed = [v for v, spec in VARIANTS.items() if spec[0] not in ("horovod", "oracle")]
         raise ValueError(f"variant={variant!r} is not allowed: give one whose splits come from timings, {allowed}")
@@ -74,7 +83,8 @@ def replay(run_dir, variant="lbbsp-narx", gpu=False):
     n = run["batch_size"].shape[1]
     first = epoch == epoch[0]
     schedule = EpochSchedule.from_steps(global_batch[first])
-    grid = args.batch_multiple or default_multiple(int(global_batch[0]), n)  # as the worker's feed sets it
+    if grid is None:
+        grid = _grid(run_dir) or args.batch_multiple or default_multiple(int(global_batch[0]), n, gpu)
     controller = BalanceController(make_policy(args), warmup_steps=WARMUP_STEPS, plan_ahead=args.plan_ahead)
     controller.start(schedule, Bounds.of(n, int(global_batch[0]), multiple=grid), gpu=gpu)
     policy = controller.policy
@@ -130,7 +140,11 @@ def main(argv=None):
     parser.add_argument("--steps", help="print only global steps FROM-TO (counted from the first step)")
     parser.add_argument("--json", help="also write every step's record to this JSON file")
     parser.add_argument("--gpu", action="store_true", help="the run trained on GPUs (the set-up cost's prior)")
+    parser.add_argument("--grid", type=int, help="the batch grid of a run whose summary.json does not record it "
+                                                 "(before 2026-12-01 the default was 8, 4 or 2 on CPU workers too)")
     args = parser.parse_args(argv)
+    if args.grid is not None and args.grid < 1:
+        parser.error(f"--grid={args.grid} is not allowed: give the run's batch grid, an integer >= 1")
     variant = args.variant or os.path.basename(os.path.dirname(os.path.normpath(args.run_dir)))
     if args.variant is None and variant not in VARIANTS:
         variant = "lbbsp-narx"
@@ -141,7 +155,7 @@ def main(argv=None):
         except ValueError:
             parser.error(f"--steps={args.steps!r} is not allowed: give FROM-TO, e.g. 40-60")
     try:
-        records, matched, checked = replay(args.run_dir, variant, args.gpu)
+        records, matched, checked = replay(args.run_dir, variant, args.gpu, args.grid)
     except ValueError as exc:
         parser.error(str(exc))
     for index, record in enumerate(records):

@@ -286,6 +286,8 @@ def main(argv=None):
         summary["peak_rss_mb"] = [round(float(v), 1) for v in peak_rss]
         if forecaster is not None:  # per rank: the share of forecasts its predictor made (the rest: last speed)
             summary["model_share"] = [round(m / max(m + k, 1), 3) for m, k in counts]
+        if balancer is not None:
+            summary["grid"] = balancer.feed.grid  # the batch grid the splits kept (benchmarks.replay reads it)
         summary.update(scenario=scenario.name, policy=args.policy, predictor=args.predictor if balancer else None,
                        heterogeneity=driver.label, workers=size, global_batch=scenario.global_batch, epochs=epochs,
                        seed=args.seed, wall=wall, steps_per_epoch=steps)

@@ -75,11 +75,13 @@ class Bounds:
         return self.lower, self.upper, 1
 
 
-def default_multiple(global_batch, num_workers, largest=8, steps=8):
-    """The batch grid when none is given: the largest power of two q <= `largest` that divides the equal share B / N
-    with B / N >= steps * q (equal batches stay on the grid, and a move can be 1 / `steps` of the share); else 1."""
+def default_multiple(global_batch, num_workers, gpu=False, largest=8, steps=8):
+    """The batch grid when none is given. With `gpu` (some worker trains on a GPU: tensor cores, seconds of set-up
+    per shape) the largest power of two q <= `largest` that divides the equal share B / N with B / N >= steps * q
+    (equal batches stay on the grid, and a move can be 1 / `steps` of the share); else 1. A CPU's new shape costs a
+    fraction of a step, which the policy weighs, and a grid's lowest unit would hold a slow worker above its best."""
     global_batch, num_workers = int(global_batch), int(num_workers)
-    if num_workers < 1 or global_batch % num_workers:
+    if not gpu or num_workers < 1 or global_batch % num_workers:
         return 1
     share, q = global_batch // num_workers, int(largest)
     while q > 1 and (share % q or share < steps * q):

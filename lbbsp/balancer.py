@@ -140,6 +140,7 @@ class Balancer:
         self.abandon()
         self.rank, self.size = rank, size
         feed = self.feed
+        feed.use_device(gpu)
         self._start = (feed.epoch_schedule, feed.bounds, epoch, 0, self.warm_shapes, gpu)
         # Published at the first step, whose key a resumed fit only then tells (Keras skips finished steps).
         self._pending = self.controller.start(*self._start)

@@ -80,7 +80,7 @@ class BatchFeed:
     number of steps per epoch depends (lbbsp.keras.BalancedFeed takes them
     from Horovod). `b_min`, `b_max` and `batch_multiple` bound the batch
     sizes the policy may choose (lbbsp.allocation; `batch_multiple` is its
-    batch grid, None for lbbsp.allocation.default_multiple).
+    batch grid, None for lbbsp.allocation.default_multiple: 1 on CPU workers).
     """
 
     def __init__(self, x, y=None, *, global_batch, sample_weight=None, seed=0, shuffle=True,
@@ -97,6 +97,7 @@ class BatchFeed:
         self.global_batch = int(global_batch)
         self.shuffle, self.drop_remainder = bool(shuffle), bool(drop_remainder)
         self.b_min, self.b_max = int(b_min), b_max
+        self.gpu = False
         self._cond = threading.Condition()
         self.generation = 0
         self.bind(rank, size)
@@ -130,10 +131,15 @@ class BatchFeed:
         self.rank, self.size = int(rank), int(size)
         self.reopen()
 
+    def use_device(self, gpu):
+        """Whether some worker trains on a GPU, on which the default batch grid depends (set as training begins)."""
+        self.gpu = bool(gpu)
+
     @property
     def grid(self):
-        """The batch grid in use: `batch_multiple`, or the default for this global batch and number of workers."""
-        return self.batch_multiple or default_multiple(self.global_batch, self.size)
+        """The batch grid in use: `batch_multiple`, or the default for this global batch, number of workers and
+        device."""
+        return self.batch_multiple or default_multiple(self.global_batch, self.size, self.gpu)
 
     @property
     def bounds(self):

@@ -144,5 +144,6 @@ def test_bad_bounds_name_the_value(kwargs, message):
 @pytest.mark.parametrize("global_batch, workers, expected", [(256, 2, 8), (256, 4, 8), (256, 3, 1), (64, 4, 2),
                                                               (24, 2, 1), (1024, 8, 8), (96, 2, 4)])
 def test_default_grid_keeps_the_equal_split_and_eight_steps_per_share(global_batch, workers, expected):
-    q = default_multiple(global_batch, workers)
+    q = default_multiple(global_batch, workers, gpu=True)
     assert q == expected and (global_batch // workers) % q == 0
+    assert default_multiple(global_batch, workers) == 1, "CPU workers: any batch size"

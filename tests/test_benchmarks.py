@@ -478,17 +478,24 @@ def test_compare_runs_policies_under_horovodrun(tmp_path):
         assert replayed.returncode == 0, replayed.stdout[-4000:]
         assert re.search(rf"^{variant}: ([1-9]\d*) of \1 decisions match", replayed.stdout, flags=re.M), replayed.stdout
         assert (" speed " in replayed.stdout) == (variant == "lbbsp-narx"), "what lbbsp's step-time model saw"
+    summary = json.loads((tmp_path / "out" / "tiny" / "lbbsp-narx" / "r1" / "summary.json").read_text())
+    assert summary["grid"] == 1, "the batch grid the run kept (any size on CPU workers), for the replay"
     missing = subprocess.run([sys.executable, "-m", "benchmarks.compare", "--scenario", str(scenario), "--out",
                               str(tmp_path / "none"), "--table-only"],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert missing.returncode == 2 and "results.json" in missing.stdout
 
 
-def test_replay_refuses_a_folder_without_steps_and_a_variant_without_timed_splits(tmp_path):
+def test_replay_refuses_a_folder_without_steps_and_a_variant_without_timed_splits(tmp_path, capsys):
+    from benchmarks.replay import main
+
     with pytest.raises(ValueError, match="holds no steps_rank"):
         replay(str(tmp_path))
     with pytest.raises(ValueError, match="variant='horovod' is not allowed"):
         replay(str(tmp_path), variant="horovod")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--grid", "0"])
+    assert "--grid=0 is not allowed" in capsys.readouterr().err
 
 
 def test_pipeline_benchmark_compares_both_pipelines_without_horovod(tmp_path):

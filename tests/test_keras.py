@@ -2,6 +2,7 @@
 import csv
 import logging
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -436,12 +437,14 @@ def test_elastic_fit_outside_a_launcher_trains_every_epoch_once():
     assert lb.elastic.fit(state, epochs=3) is None, "nothing left to train"
 
 
-@pytest.mark.parametrize("global_batch, batch_multiple, grid", [(64, None, 8), (16, None, 2), (64, 1, 1), (64, 4, 4)])
-def test_the_feeds_batch_grid_reaches_the_policy(global_batch, batch_multiple, grid):
+@pytest.mark.parametrize("global_batch, batch_multiple, gpu, grid", [
+    (64, None, False, 1), (64, None, True, 8), (16, None, True, 2), (64, 1, True, 1), (64, 4, False, 4)])
+def test_the_feeds_batch_grid_reaches_the_policy(global_batch, batch_multiple, gpu, grid):
     policy = Policy()
     x = np.zeros((2 * global_batch, 3), dtype=np.float32)
     feed = lb.BalancedFeed(x, x[:, :1], global_batch=global_batch, batch_multiple=batch_multiple)
-    fit(tiny(), feed, lb.LoadBalancer(feed, policy=policy), epochs=1)
+    with mock.patch("lbbsp.keras.callbacks._on_gpu", return_value=gpu):  # a worker that claims a GPU
+        fit(tiny(), feed, lb.LoadBalancer(feed, policy=policy), epochs=1)
     assert policy.bounds.multiple == feed.grid == grid
 
 

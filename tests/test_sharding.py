@@ -58,12 +58,17 @@ def test_permutation_same_on_every_rank_and_new_each_epoch():
     assert np.array_equal(epoch_permutation(5, 3, 0, shuffle=False), np.arange(5))
 
 
-def test_feed_grid_is_the_given_multiple_or_the_default_for_its_workers():
-    assert BatchFeed(np.zeros(512), global_batch=256, size=2).grid == 8
-    assert BatchFeed(np.zeros(512), global_batch=256, size=3).grid == 1
-    assert BatchFeed(np.zeros(512), global_batch=256, size=2, batch_multiple=1).grid == 1
+def test_feed_grid_is_the_given_multiple_or_the_default_for_its_workers_and_device():
+    feed = BatchFeed(np.zeros(512), global_batch=256, size=2)
+    assert feed.grid == 1 and feed.bounds.multiple == 1, "on CPU workers any batch size"
+    feed.use_device(True)
+    assert feed.grid == 8 and feed.bounds.multiple == 8
+    feed.bind(0, 3)
+    assert feed.grid == 1  # 256 samples do not split equally on 3 workers
     feed = BatchFeed(np.zeros(512), global_batch=256, size=2, batch_multiple=4)
     feed.bind(0, 3)
+    assert feed.grid == 4
+    feed.use_device(True)
     assert feed.grid == 4
 
 

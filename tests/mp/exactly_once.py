@@ -8,7 +8,7 @@ Usage: horovodrun -np N python tests/mp/exactly_once.py OUT_JSON PREDICTOR(rando
 [MULTIPLE] [DECISIONS(every|held)]
 
 MULTIPLE is the feed's batch_multiple (the batch grid; default 1), or 'auto': the default grid for a
-global batch of 48 on 3 workers (2 samples). lbbsp's policy plans with every valid forecast here, so the
+global batch of 48 on 3 CPU workers (any batch size). lbbsp's policy plans with every valid forecast here, so the
 random ones move the split at every step.
 
 With 'sample' the data comes through the per-sample tf.data pipeline with one step
