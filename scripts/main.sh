@@ -13,7 +13,7 @@ if [ "${1:-}" = --full ]; then
   shift
   .venv/bin/python -m benchmarks.compare --scenario static-4 --epochs 3 "$@"
   exec .venv/bin/python -m benchmarks.compare --scenario static-4-mlp --epochs 3 \
-      --variants horovod,equal,pid,pid-exact,lbbsp-ema,lbbsp-narx,lbbsp-narx-exact,oracle "$@"
+      --variants horovod,equal,pid,pid-q8,lbbsp-ema,lbbsp-narx,lbbsp-narx-q8,oracle "$@"
 fi
 exec .venv/bin/python -m benchmarks.compare --scenario static-4-digits --repeats 3 \
     --variants horovod,pid,lbbsp-narx "$@"
