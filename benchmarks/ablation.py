@@ -33,7 +33,7 @@ class _BalancedFirst(LBBSPPolicy):
 
 
 class _NormalTail(LBBSPPolicy):
-    """The tail split at a normal's sqrt(2 ln N) spreads."""
+    """The tail split at the normal quantile alone (`largest_normal(N)` spreads, unscaled)."""
 
     TAIL_SCALE = 1.0
 
