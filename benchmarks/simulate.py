@@ -89,8 +89,9 @@ POLICY_VARIANTS = dict({label: v for label, v in VARIANTS.items() if label not i
 
 def tail_speeds(speeds, spread, z=None):
     """Speeds that plan for a high quantile of each worker's time instead of its mean: with log-normal noise
-    of standard deviation spread_i, the quantile exp(z spread_i) of its time, z = sqrt(2 ln N) by default
-    (about where the largest of N standard normal draws falls); noisier workers get slack."""
+    of standard deviation spread_i, the quantile exp(z spread_i) of its time, z = sqrt(2 ln N) by default (the
+    large-N limit of where the largest of N standard normal draws falls, above lbbsp.policies.largest_normal(N) at
+    every N; kept so that the oracle's figures compare across releases); noisier workers get slack."""
     v = np.asarray(speeds, dtype=np.float64)
     s = np.where(np.isfinite(spread), spread, 0.0).clip(0.0, 2.0)
     return v * np.exp(-(np.sqrt(2.0 * np.log(max(v.size, 2))) if z is None else z) * s)
