@@ -13,8 +13,8 @@ from .checks import integer, number
 from .membership import remap
 from .steptime import StepTimeModel
 
-__all__ = ["StepStats", "proportional", "largest_normal", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy", "DBSPolicy",
-           "PIDPolicy", "LBBSPPolicy", "POLICIES", "make_policy"]
+__all__ = ["StepStats", "proportional", "largest_normal", "Policy", "EqualPolicy", "FixedPolicy", "StaticPolicy",
+           "DBSPolicy", "PIDPolicy", "LBBSPPolicy", "POLICIES", "make_policy"]
 
 
 @dataclasses.dataclass(frozen=True)
